@@ -1,0 +1,129 @@
+"""`python -m prime_values +experiment=arith [key=value ...]`: compose, validate, hand to the conductor.
+
+Before Hydra takes over, the command line is composed once with Hydra's compose API and validated, so a
+misspelled key, a wrong type, an unknown group option or an impossible topology fails in one line, before
+any job is submitted and without a traceback. Heavy imports (torch, transformers) happen in the roles.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from pathlib import Path
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+# Hydra flags that take a value and are not overrides.
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
+                     "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
+
+
+def _overrides(argv: list[str]) -> list[str]:
+    """The key=value overrides of a command line, one value per sweep (the first) so it can be composed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _FLAGS_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-") and not arg.lstrip("+~").startswith("hydra"):
+            args.append(arg)
+    parsed = OverridesParser.create().parse_overrides(args)
+    result = []
+    for override in parsed:
+        if override.is_sweep_override():
+            first = next(iter(override.sweep_string_iterator()))
+            result.append(f"{override.get_key_element()}={first}")
+        else:
+            result.append(override.input_line)
+    return result
+
+
+def _allowed_keys(full_key: str) -> list[str]:
+    from omegaconf import OmegaConf
+
+    from prime_values.config import Config
+
+    node = OmegaConf.structured(Config)
+    parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+    for part in filter(None, parent.split(".")):
+        node = node[part]
+    return sorted(node.keys())
+
+
+def explain(error: BaseException) -> str:
+    """One sentence for a composition/validation error: the key, what was wrong, what is allowed."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    from prime_values.config import ConfigError
+
+    if isinstance(error, ConfigError):
+        return str(error)
+    cause = error
+    while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__
+    unknown = re.match(r"Could not override '([^']+)'", str(error))
+    if unknown or (isinstance(cause, ConfigKeyError) and getattr(cause, "full_key", None)):
+        key = unknown.group(1) if unknown else cause.full_key
+        allowed = _allowed_keys(key)
+        near = difflib.get_close_matches(key.rsplit(".", 1)[-1], allowed, n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        section = key.rsplit(".", 1)[0] + "." if "." in key else ""
+        return f"unknown config key '{key}'{hint}; allowed keys under '{section or '<root>'}': {', '.join(allowed)}"
+    if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
+        msg = str(cause).splitlines()[0]
+        return f"config key '{cause.full_key}': {msg}"
+    if isinstance(error, MissingConfigException):
+        options = getattr(error, "options", None)
+        missing = getattr(error, "missing_cfg_file", None) or str(error).splitlines()[0]
+        if options:
+            return f"no config '{missing}'; available: {', '.join(options)}"
+    return " ".join(str(error).split())
+
+
+def precheck(argv: list[str]) -> str | None:
+    """Compose and validate the command line; the one-line error, or None when it is good."""
+    from hydra import compose, initialize_config_dir
+
+    from prime_values.config import register, validate
+
+    register()
+    try:
+        overrides = _overrides(argv)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+        validate(cfg)
+    except Exception as error:  # every user-caused problem becomes one line
+        return explain(error)
+    return None
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if not any(a in ("--help", "-h", "--hydra-help") for a in argv):
+        problem = precheck(argv)
+        if problem:
+            print(f"prime_values: config error: {problem}", file=sys.stderr)
+            sys.exit(2)
+
+    import hydra
+
+    from prime_values.config import register
+
+    register()
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+    def run(cfg) -> None:
+        from prime_values.conductor import conduct
+
+        conduct(cfg)
+
+    run()
+
+
+if __name__ == "__main__":
+    main()

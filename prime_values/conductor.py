@@ -1,0 +1,192 @@
+"""The conductor: the Hydra main process. Prepares the run directory, submits the roles as submitit jobs,
+shows live progress, stops every role when the policy trainer reaches its last step (or when a role fails),
+and ends with a summary.
+
+Roles never talk to the conductor: it reads what they write (metrics, heartbeats, done markers) and
+asks them to stop through the control file they all poll.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+from omegaconf import OmegaConf
+
+from prime_values.launch import entry, make_executor, resolve_devices
+from prime_values.monitor import MetricsTail
+from prime_values.rundir import RunDir, write_atomic
+
+
+class RoleFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class RoleJob:
+    name: str
+    role: str
+    job: object
+    args: tuple = ()
+    finished: bool = False
+
+
+@dataclass
+class Fleet:
+    """The submitted role jobs of one run."""
+
+    run: RunDir
+    cfg: object
+    jobs: list[RoleJob] = field(default_factory=list)
+
+    def submit(self, name: str, role: str, device: str, *args) -> RoleJob:
+        executor = make_executor(self.cfg.launcher, self.run.jobs, name, device)
+        job = executor.submit(entry(role), str(self.run.root), *args)
+        role_job = RoleJob(name, role, job, args)
+        self.jobs.append(role_job)
+        return role_job
+
+    def start_roles(self) -> None:
+        topo = self.cfg.topology
+        with_critic = self.cfg.advantage.estimator != "grpo"
+        for worker in range(topo.inference_workers):
+            self.submit(f"inference{worker}", "inference", topo.inference_device, worker)
+        if with_critic and topo.evaluator == "dedicated":
+            self.submit("evaluator", "evaluator", topo.evaluator_device)
+        self.submit("orchestrator", "orchestrator", "cpu")
+        self.submit("policy_trainer", "policy_trainer", topo.policy_trainer_device)
+        if with_critic:
+            self.submit("value_trainer", "value_trainer", topo.value_trainer_device)
+
+    def check(self) -> RoleJob | None:
+        """The first job that ended; raises RoleFailed with the role's error and log path if it failed."""
+        for role_job in self.jobs:
+            if role_job.finished or not role_job.job.done():
+                continue
+            role_job.finished = True
+            if role_job.job.state in ("FAILED", "INTERRUPTED", "CANCELLED") or role_job.job.exception():
+                raise RoleFailed(failure_message(role_job))
+            return role_job
+        return None
+
+    def running(self) -> list[RoleJob]:
+        return [j for j in self.jobs if not j.job.done()]
+
+    def stop(self, reason: str, grace_s: float) -> None:
+        """Ask every role to stop, give them `grace_s` to finish, then cancel (and finally kill) the rest."""
+        self.run.request_stop(reason)
+        deadline = time.time() + grace_s
+        while self.running() and time.time() < deadline:
+            time.sleep(0.2)
+        for role_job in self.running():
+            role_job.job.cancel()
+        deadline = time.time() + 10
+        while self.running() and time.time() < deadline:
+            time.sleep(0.2)
+        for role_job in self.running():
+            role_job.job._process.kill()  # last resort: never leave a process behind
+
+
+def failure_message(role_job: RoleJob) -> str:
+    error = role_job.job.exception()
+    text = str(error) if error else f"job ended in state {role_job.job.state}"
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else text
+    return f"role {role_job.name} failed: {last} (full log: {role_job.job.paths.stderr})"
+
+
+class Progress:
+    """A refreshed status line on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, run: RunDir, steps: int):
+        self.steps, self.started = steps, time.time()
+        self.tails = {name: MetricsTail(run.metrics(name))
+                      for name in ("warm_start", "policy_trainer", "orchestrator", "value_trainer")}
+        self.tty = sys.stdout.isatty()
+        self._last_print = 0.0
+
+    def line(self) -> str:
+        for tail in self.tails.values():
+            tail.read()
+        policy, orch, critic = (self.tails[n].last for n in ("policy_trainer", "orchestrator", "value_trainer"))
+        warm = self.tails["warm_start"].last
+        elapsed = time.time() - self.started
+        if not policy and warm:
+            return f"[{elapsed:6.0f}s] warm start: step {warm.get('sft_step', 0)} loss {warm.get('loss', float('nan')):.3f}"
+        parts = [f"[{elapsed:6.0f}s] policy step {policy.get('step', 0)}/{self.steps}"]
+        if "reward_mean" in policy:
+            parts.append(f"reward {policy['reward_mean']:.2f}")
+        if "heldout_accuracy" in policy:
+            parts.append(f"held-out acc {policy['heldout_accuracy']:.2f}")
+        if "critic_version" in critic:
+            parts.append(f"critic v{critic['critic_version']}")
+        if orch.get("critic_explained_variance") is not None:
+            parts.append(f"EV {orch['critic_explained_variance']:.2f}")
+        if "off_policy_max" in orch:
+            parts.append(f"off-policy {orch['off_policy_mean']:.1f}/{orch['off_policy_max']}")
+        return " | ".join(parts)
+
+    def show(self, final: bool = False) -> None:
+        now = time.time()
+        if self.tty:
+            print("\r" + self.line().ljust(110), end="\n" if final else "", flush=True)
+        elif final or now - self._last_print >= 10:
+            print(self.line(), flush=True)
+            self._last_print = now
+
+
+def prepare(cfg) -> tuple[RunDir, object]:
+    from hydra.core.hydra_config import HydraConfig
+
+    import torch
+
+    from prime_values.config import validate
+
+    validate(cfg)  # again here: multirun jobs come through here with their own values
+    run = RunDir(HydraConfig.get().runtime.output_dir)
+    run.mkdirs()
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    resolve_devices(cfg.topology, torch.cuda.device_count())
+    write_atomic(run.config, OmegaConf.to_yaml(cfg))
+    if run.stop_requested():
+        run.stop_file.unlink()  # a rerun in the same directory resumes
+    return run, cfg
+
+
+def conduct(cfg) -> dict:
+    from prime_values.report import format_summary, summarise
+
+    run, cfg = prepare(cfg)
+    fleet = Fleet(run, cfg)
+    progress = Progress(run, cfg.steps)
+    print(f"prime_values: run directory {run.root}", flush=True)
+    reason, failure = "finished", None
+    try:
+        warm = fleet.submit("warm_start", "warm_start", cfg.topology.policy_trainer_device)
+        while fleet.check() is not warm:
+            progress.show()
+            time.sleep(cfg.launcher.poll_s)
+        fleet.start_roles()
+        while True:
+            ended = fleet.check()
+            progress.show()
+            if ended is not None and ended.role == "policy_trainer":
+                break
+            if ended is not None:
+                raise RoleFailed(f"role {ended.name} exited before the run finished "
+                                 f"(log: {ended.job.paths.stderr})")
+            time.sleep(cfg.launcher.poll_s)
+    except RoleFailed as error:
+        reason, failure = "failed", str(error)
+    except KeyboardInterrupt:
+        reason, failure = "interrupted", "interrupted by the user"
+    finally:
+        fleet.stop(reason, cfg.launcher.stop_grace_s)
+    progress.show(final=True)
+    summary = summarise(run, status=reason, error=failure)
+    print(format_summary(summary), flush=True)
+    if failure:
+        print(f"prime_values: {failure}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    return summary

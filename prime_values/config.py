@@ -1,0 +1,342 @@
+"""Structured configuration: every knob is a typed dataclass field with its documented default.
+
+The string literal under each field is its documentation (CleanRL style); `docs/configuration.md` is generated
+from these docstrings by `python -m prime_values.config` so the docs and the defaults come from one place.
+Hydra composes the YAML groups under `conf/` on top of `Config`, so an unknown key or a wrong type fails
+at composition time; `validate` adds the checks a type cannot express (allowed names, device counts, sizes).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from dataclasses import MISSING as NO_DEFAULT, dataclass, field, fields, is_dataclass
+from typing import Optional
+
+from omegaconf import MISSING  # noqa: F401  (re-exported for conf authors)
+
+
+@dataclass
+class TinyArch:
+    """Architecture of the embedded tiny model (a Qwen3 built from a config, no download)."""
+
+    hidden_size: int = 128
+    """width of the residual stream"""
+    num_layers: int = 4
+    """number of transformer blocks"""
+    num_heads: int = 4
+    """attention heads (head_dim x num_heads need not equal hidden_size in Qwen3)"""
+    num_kv_heads: int = 2
+    """key/value heads (grouped-query attention)"""
+    head_dim: int = 32
+    """per-head width; >= 32 so vLLM kernels accept the model"""
+    intermediate_size: int = 384
+    """MLP width"""
+    max_position_embeddings: int = 256
+    """longest sequence the model accepts (prompt + response, or critic prefix + trace)"""
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm start on the task's reference solutions before RL (the `sft` job)."""
+
+    steps: int = 450
+    """SFT optimizer steps before RL starts (0 = start RL from the model as loaded)"""
+    batch_size: int = 128
+    """problems per SFT step"""
+    lr: float = 2e-3
+    """SFT learning rate (AdamW)"""
+
+
+@dataclass
+class PolicyConfig:
+    model: str = "tiny"
+    """'tiny' builds the embedded model from `arch`; anything else is a path/name for from_pretrained"""
+    arch: TinyArch = field(default_factory=TinyArch)
+    """architecture of the embedded model (used when model='tiny'; the critic reuses it)"""
+    lr: float = 1e-3
+    """policy learning rate (AdamW)"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """gradient-norm clip per step (0 = off)"""
+    clip_low: float = 0.2
+    """PPO ratio clip below: ratios under 1 - clip_low stop contributing gradient"""
+    clip_high: float = 0.2
+    """PPO ratio clip above: ratios over 1 + clip_high stop contributing gradient"""
+    kl_coef: float = 0.0
+    """weight of the k3 KL estimate to the sampling policy (0 = off)"""
+    micro_batch_rollouts: int = 0
+    """rollouts per forward/backward micro-batch (0 = the whole batch at once)"""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """supervised warm start before RL"""
+
+
+@dataclass
+class CriticConfig:
+    init: str = "policy"
+    """'policy': backbone from the warm-started policy, fresh value head; 'scratch': random init from
+    policy.arch; anything else: path of a saved critic (AutoModelForTokenClassification)"""
+    privileged: bool = True
+    """fold the task's privileged context (e.g. the reference answer) into the critic's input"""
+    template: str = "answer:{privileged}|"
+    """text placed before the whole trace when privileged; {privileged} is replaced by the context"""
+    lr: float = 1e-3
+    """critic learning rate (AdamW)"""
+    max_grad_norm: float = 1.0
+    """gradient-norm clip per critic step (0 = off)"""
+    loss: str = "mse"
+    """value loss: 'mse' or 'huber'"""
+    batch_rollouts: int = 64
+    """rollouts per critic optimizer step, sampled from the replay buffer"""
+    publish_every: int = 4
+    """critic optimizer steps between published critic versions"""
+    max_length: int = 256
+    """critic context in tokens; longer traces are cut and marked `cut`"""
+    score_batch_rollouts: int = 256
+    """rollouts per scoring forward pass in the evaluator"""
+    throttle_s: float = 0.0
+    """sleep after every critic optimizer step (a benchmark knob that simulates a slow critic)"""
+
+
+@dataclass
+class ReplayConfig:
+    name: str = "uniform"
+    """name of the replay preset (informational)"""
+    queue_size: int = 4096
+    """bounded ingest queue between the log and the buffer; when full the oldest rollout is dropped (counted)"""
+    capacity: int = 2048
+    """replay buffer capacity in rollouts; the oldest is evicted first"""
+    sampling: str = "uniform"
+    """how critic batches are drawn from the buffer: 'uniform', 'fifo' or 'recent'"""
+    max_reuse: int = 4
+    """a rollout leaves the buffer after this many samplings (0 = unlimited)"""
+    min_rollouts: int = 128
+    """rollouts in the buffer before the first critic step"""
+
+
+@dataclass
+class AdvantageConfig:
+    estimator: str = "gae"
+    """'gae' (pure value advantage from the critic) or 'grpo' (group-mean baseline)"""
+    gamma: float = 1.0
+    """discount per policy token"""
+    lambda_policy: float = 1.0
+    """GAE lambda for the policy's advantages"""
+    lambda_value: float = 1.0
+    """GAE lambda for the critic's value targets (1 = Monte-Carlo returns, which never go stale in replay)"""
+    whiten: bool = False
+    """normalise advantages to zero mean, unit std per batch (value targets stay unwhitened)"""
+
+
+@dataclass
+class TopologyConfig:
+    name: str = "cpu"
+    """name of the topology preset (informational)"""
+    evaluator: str = "dedicated"
+    """'dedicated': the value evaluator is its own job; 'colocated': it is served inside the value trainer"""
+    inference_workers: int = 1
+    """inference jobs, each with its own log shard and slice of the prompt stream"""
+    inference_device: str = "cpu"
+    """device of each inference worker: 'cpu', 'cuda:<i>', or 'auto' (a GPU per role while GPUs last, else CPU)"""
+    evaluator_device: str = "cpu"
+    """device of the dedicated value evaluator"""
+    policy_trainer_device: str = "cpu"
+    """device of the policy trainer"""
+    value_trainer_device: str = "cpu"
+    """device of the value trainer (and of the evaluator when colocated)"""
+    threads_per_role: int = 1
+    """torch CPU threads per role (roles share the machine's cores)"""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arith"
+    """task: 'arith' (procedural arithmetic, verified exactly)"""
+    digits: int = 2
+    """digits per operand"""
+    operands: int = 2
+    """numbers per problem"""
+    ops: str = "+"
+    """operators drawn from, any of '+-*'"""
+    heldout_size: int = 200
+    """size of the fixed held-out evaluation set (never trained on)"""
+    seed: int = 1234
+    """seed of the held-out set (the training stream uses the run seed)"""
+
+
+@dataclass
+class InferenceConfig:
+    backend: str = "hf"
+    """'hf' (transformers generate, any device)"""
+    group_size: int = 8
+    """completions sampled per prompt (one group)"""
+    prompts_per_step: int = 16
+    """prompts per policy step across all workers; a batch has prompts_per_step x group_size rollouts"""
+    temperature: float = 1.0
+    """sampling temperature (the policy trainer recomputes logprobs at the same temperature)"""
+    max_new_tokens: int = 8
+    """generation cap; a rollout that hits it ends with stop_reason 'length' and is scored as is"""
+
+
+@dataclass
+class ScheduleConfig:
+    max_off_policy: int = 1
+    """a rollout from policy version v is admitted to batch n only while (n - 1) - v <= this (0 = on-policy);
+    inference pauses rather than generate what could never be admitted"""
+
+
+@dataclass
+class LauncherConfig:
+    name: str = "local"
+    """'local': every role a subprocess through submitit's local executor"""
+    poll_s: float = 0.5
+    """how often the conductor checks jobs and refreshes progress"""
+    stop_grace_s: float = 30.0
+    """after the stop file is written, how long roles get to finish before they are cancelled"""
+    timeout_min: int = 120
+    """wall-clock limit of every role job"""
+
+
+@dataclass
+class LogConfig:
+    keep_segments: Optional[int] = None
+    """retention: keep at most this many segments per shard once every consumer has passed them (null = all)"""
+    max_age_s: Optional[float] = None
+    """retention: delete passed segments older than this (null = never)"""
+    keep_weights: int = 3
+    """published weight versions kept per model (version 0 is always kept)"""
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    """seed of every role's random streams (each role/worker derives its own)"""
+    steps: int = 200
+    """policy-trainer steps (= batches = published policy versions after 0)"""
+    eval_every: int = 25
+    """policy steps between held-out evaluations (also at the first and last step)"""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def register() -> None:
+    """Register the schema so `conf/config.yaml` can extend it (`defaults: [prime_values_schema, ...]`)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="prime_values_schema", node=Config)
+
+
+# --- semantic validation ---------------------------------------------------------------------------
+
+ALLOWED = {
+    "advantage.estimator": ("gae", "grpo"),
+    "topology.evaluator": ("dedicated", "colocated"),
+    "inference.backend": ("hf",),
+    "launcher.name": ("local",),
+    "replay.sampling": ("uniform", "fifo", "recent"),
+    "critic.loss": ("mse", "huber"),
+    "task.name": ("arith",),
+}
+
+
+class ConfigError(ValueError):
+    """A user-caused configuration problem; the message is one sentence naming the key and the fix."""
+
+
+def _get(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def _check_device(key: str, device: str, cuda_count: int) -> None:
+    if device in ("cpu", "auto"):
+        return
+    if device.startswith("cuda:") and device[5:].isdigit():
+        index = int(device[5:])
+        if index < cuda_count:
+            return
+        have = f"cuda:0..cuda:{cuda_count - 1}" if cuda_count else "no CUDA device"
+        raise ConfigError(f"{key}={device} asks for a GPU that does not exist (this machine has {have}); "
+                          f"use cpu" + (f" or one of cuda:0..cuda:{cuda_count - 1}" if cuda_count else ""))
+    raise ConfigError(f"{key}={device!r} is not a device; use 'cpu', 'auto' or 'cuda:<index>'")
+
+
+def validate(cfg, cuda_count: Optional[int] = None) -> None:
+    """Checks a type cannot express. Raises ConfigError with one sentence naming the key and what is allowed."""
+    for key, allowed in ALLOWED.items():
+        value = _get(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of {', '.join(allowed)}")
+    positive = ["steps", "eval_every", "inference.group_size", "inference.prompts_per_step",
+                "inference.max_new_tokens", "topology.inference_workers", "topology.threads_per_role",
+                "critic.batch_rollouts", "critic.publish_every", "critic.max_length", "critic.score_batch_rollouts",
+                "replay.queue_size", "replay.capacity", "task.digits", "task.operands", "task.heldout_size"]
+    for key in positive:
+        if _get(cfg, key) < 1:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be >= 1")
+    if cfg.schedule.max_off_policy < 0:
+        raise ConfigError(f"schedule.max_off_policy={cfg.schedule.max_off_policy} must be >= 0 (0 = on-policy)")
+    if cfg.inference.temperature <= 0:
+        raise ConfigError(f"inference.temperature={cfg.inference.temperature} must be > 0")
+    if cfg.inference.group_size < 2 and cfg.advantage.estimator == "grpo":
+        raise ConfigError("inference.group_size must be >= 2 for advantage=grpo (a group mean of one is the reward)")
+    workers = cfg.topology.inference_workers
+    if cfg.inference.prompts_per_step % workers:
+        raise ConfigError(f"inference.prompts_per_step={cfg.inference.prompts_per_step} must be divisible by "
+                          f"topology.inference_workers={workers} (each worker owns an equal slice)")
+    if cfg.replay.min_rollouts > cfg.replay.capacity:
+        raise ConfigError(f"replay.min_rollouts={cfg.replay.min_rollouts} exceeds replay.capacity="
+                          f"{cfg.replay.capacity}; the critic would never start training")
+    for bad in set(cfg.task.ops) - set("+-*"):
+        raise ConfigError(f"task.ops={cfg.task.ops!r} contains {bad!r}; use characters from '+-*'")
+    if cuda_count is None:
+        import torch
+
+        cuda_count = torch.cuda.device_count()
+    for role in ("inference", "evaluator", "policy_trainer", "value_trainer"):
+        key = f"topology.{role}_device"
+        _check_device(key, _get(cfg, key), cuda_count)
+
+
+# --- docs from docstrings --------------------------------------------------------------------------
+
+def field_docs(cls) -> dict[str, str]:
+    """The string literal under each dataclass field, by field name."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[stmt.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def markdown_reference(cls=Config, prefix: str = "") -> list[str]:
+    lines = []
+    docs = field_docs(cls)
+    nested = []
+    for f in fields(cls):
+        default = f.default_factory() if f.default_factory is not NO_DEFAULT else f.default
+        if is_dataclass(default):
+            nested.append((f.name, type(default)))
+            continue
+        lines.append(f"| `{prefix}{f.name}` | `{default!r}` | {docs.get(f.name, '')} |")
+    for name, sub in nested:
+        lines += markdown_reference(sub, f"{prefix}{name}.")
+    return lines
+
+
+if __name__ == "__main__":
+    print("| key | default | meaning |\n|---|---|---|")
+    print("\n".join(markdown_reference()))

@@ -1,0 +1,52 @@
+"""How role jobs start: one submitit executor per role, devices per the topology."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+DEVICE_KEYS = ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device")
+
+
+def resolve_devices(topology, cuda_count: int) -> None:
+    """Replace 'auto' devices in place: one GPU per role in a fixed order while GPUs last, else the CPU."""
+    next_gpu = 0
+    for key in DEVICE_KEYS:
+        if topology[key] != "auto":
+            continue
+        if key == "evaluator_device" and topology.evaluator == "colocated":
+            topology[key] = "cpu"  # unused: the evaluator is served inside the value trainer
+            continue
+        if next_gpu < cuda_count:
+            topology[key] = f"cuda:{next_gpu}"
+            next_gpu += 1
+        else:
+            topology[key] = "cpu"
+
+
+def entry(role: str):
+    """The entry function of a role, imported from its module path (the conductor knows roles by name)."""
+    from prime_values.roles import ENTRYPOINTS
+
+    module, function = ENTRYPOINTS[role].split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def make_executor(launcher, jobs_dir: Path, name: str, device: str):
+    import submitit
+
+    executor = submitit.LocalExecutor(folder=jobs_dir / name)
+    params = {"timeout_min": launcher.timeout_min}
+    if device.startswith("cuda:"):
+        params.update(gpus_per_node=1, visible_gpus=[int(device.split(":")[1])])
+    executor.update_parameters(**params)
+    return executor
+
+
+def job_device(device: str) -> str:
+    """Inside a job that was given one GPU through CUDA_VISIBLE_DEVICES, that GPU is cuda:0."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if device.startswith("cuda:") and visible and "," not in visible:
+        return "cuda:0"
+    return device

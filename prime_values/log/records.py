@@ -1,0 +1,97 @@
+"""Record schemas of the rollout log streams (DESIGN.md §2, "Records").
+
+Every segment of a stream holds rows of exactly one of these schemas. Names are part of the on-disk
+format: add fields by bumping SCHEMA_VERSION, never rename silently. Per-token fields are flat lists
+aligned to `token_ids` (prompt + response + environment turns).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+
+_tokens = pa.list_(pa.int32())
+_mask = pa.list_(pa.int8())
+_floats = pa.list_(pa.float32())
+
+SCHEMAS: dict[str, pa.Schema] = {
+    # inference -> evaluator, orchestrator, value trainer
+    "rollouts": pa.schema([
+        ("rollout_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("group_id", pa.string()),
+        ("shard", pa.string()),
+        ("policy_version", pa.int64()),
+        ("token_ids", _tokens),
+        ("policy_mask", _mask),  # 1 where the policy sampled the token
+        ("sampling_logprobs", _floats),  # 0 where policy_mask is 0
+        ("reward", pa.float32()),
+        ("stop_reason", pa.string()),  # eos | length | env_done | error
+        ("privileged", pa.string()),  # context only the critic may see
+        ("task", pa.string()),  # JSON metadata
+        ("created_at", pa.float64()),  # unix time
+    ]),
+    # evaluator -> orchestrator
+    "values": pa.schema([
+        ("rollout_id", pa.string()),
+        ("critic_version", pa.int64()),
+        ("values", _floats),  # aligned to token_ids
+        ("cut", pa.bool_()),  # critic context shorter than the rollout
+        ("scored_at", pa.float64()),
+    ]),
+    # orchestrator -> value trainer
+    "targets": pa.schema([
+        ("rollout_id", pa.string()),
+        ("group_id", pa.string()),
+        ("policy_version", pa.int64()),
+        ("critic_version", pa.int64()),
+        ("token_ids", _tokens),
+        ("policy_mask", _mask),
+        ("privileged", pa.string()),
+        ("reward", pa.float32()),
+        ("values", _floats),  # critic prediction at scoring time
+        ("value_targets", _floats),
+        ("created_at", pa.float64()),
+    ]),
+    # orchestrator -> policy trainer (one segment per step)
+    "batches": pa.schema([
+        ("step", pa.int64()),
+        ("rollout_id", pa.string()),
+        ("policy_version", pa.int64()),
+        ("critic_version", pa.int64()),
+        ("token_ids", _tokens),
+        ("policy_mask", _mask),
+        ("sampling_logprobs", _floats),
+        ("advantages", _floats),
+        ("reward", pa.float32()),
+    ]),
+}
+
+
+def schema_for(kind: str) -> pa.Schema:
+    if kind not in SCHEMAS:
+        raise ValueError(f"unknown stream kind {kind!r}; expected one of {sorted(SCHEMAS)}")
+    return SCHEMAS[kind]
+
+
+def to_table(kind: str, rows: list[dict]) -> pa.Table:
+    """Rows (dicts of Python values or numpy arrays) -> a table of the stream's schema.
+
+    Keys are checked exactly so a typo or a forgotten field fails at the writer, not in a consumer
+    hours later.
+    """
+    schema = schema_for(kind)
+    names = set(schema.names)
+    for i, row in enumerate(rows):
+        if row.keys() != names:
+            missing, extra = sorted(names - row.keys()), sorted(row.keys() - names)
+            what = f"missing key {missing[0]!r}" if missing else f"unexpected key {extra[0]!r}"
+            raise ValueError(f"{kind} record {i} has {what} (schema of stream {kind!r}: {schema.names})")
+    columns = [pa.array([row[f.name] for row in rows], type=f.type) for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def to_rows(table: pa.Table) -> list[dict]:
+    """Table -> list of dicts of Python values (lists for per-token fields)."""
+    return table.to_pylist()

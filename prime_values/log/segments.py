@@ -1,0 +1,307 @@
+"""Segments: the unit of publication of the rollout log (DESIGN.md §2, "Rules of the log").
+
+A stream (`<run>/log/<stream>/`) has one directory per shard, each with exactly one writer. A segment is
+one Arrow IPC file (Feather v2) named `<seq:012d>.arrow`: columnar, zero-copy to read, and loadable by
+pyarrow / pandas / `pyarrow.dataset` without Prime Values. It is written under a hidden temp name,
+fsync'd and renamed, so readers see it whole or not at all. Its schema metadata makes it self-describing
+and checkable: schema version, stream kind, row count, writer, creation time and a CRC32 of the record
+batch messages (the bytes between the schema message and the footer, i.e. all data and its layout).
+
+Readers keep a cursor (next seq per shard). Seqs only grow, so "seq >= cursor" identifies unread
+segments even when quarantine or retention leave gaps.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import heapq
+import json
+import logging
+import os
+import socket
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from .fsutil import fsync_dir, io_error, write_atomic
+from .records import SCHEMA_VERSION, SCHEMAS, schema_for, to_table
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".arrow"
+_MAGIC = b"ARROW1"
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # IPC end-of-stream marker the file writer puts before the footer
+
+
+class CorruptSegment(Exception):
+    """A segment that cannot be decoded or fails verification; readers quarantine it."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"corrupt segment {path}: {reason}")
+        self.path, self.reason = Path(path), reason
+
+
+class NewerSchemaVersion(CorruptSegment):
+    """Written by a newer Prime Values. Not damaged, so readers raise instead of quarantining it:
+    moving it aside would lose good data because of a version skew between roles."""
+
+
+def segment_name(seq: int) -> str:
+    return f"{seq:012d}{SUFFIX}"
+
+
+def parse_seq(name: str) -> int | None:
+    """Seq of a published segment file name; None for temp files, reasons, locks and strangers."""
+    stem = name[: -len(SUFFIX)]
+    return int(stem) if name.endswith(SUFFIX) and stem.isdigit() else None
+
+
+def list_seqs(shard_dir: Path) -> list[int]:
+    try:
+        names = os.listdir(shard_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(s for s in map(parse_seq, names) if s is not None)
+
+
+def quarantine_dir(stream_dir: Path, shard: str) -> Path:
+    stream_dir = Path(stream_dir)
+    return stream_dir.parent / "quarantine" / stream_dir.name / shard
+
+
+def _crc_of_batches(batches: list[pa.RecordBatch]) -> int:
+    # Same bytes the file writer emits between schema message and footer (checked by read_segment).
+    crc = 0
+    for b in batches:
+        crc = zlib.crc32(b.serialize(), crc)
+    return zlib.crc32(_EOS, crc)
+
+
+class SegmentWriter:
+    """The single writer of `<stream_dir>/<shard>/`.
+
+    Restart-safe: continues after the highest seq on disk (including quarantined ones, so a seq a
+    reader may have passed is never reused) and removes temp files a crashed predecessor left. An
+    advisory lock turns an accidental second writer on the same shard into an error, not interleaved
+    seqs.
+    """
+
+    def __init__(self, stream_dir: Path, shard: str, kind: str):
+        schema_for(kind)
+        assert shard and "/" not in shard and not shard.startswith("."), f"bad shard name {shard!r}"
+        self.kind, self.shard = kind, shard
+        self.dir = Path(stream_dir) / shard
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.dir / ".writer.lock", "a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise RuntimeError(f"another process is writing {self.dir}; give each writer its own shard name") from None
+        except OSError:  # filesystem without flock support: rely on the one-writer-per-shard contract
+            pass
+        for tmp in self.dir.glob(".*.arrow.tmp"):
+            tmp.unlink(missing_ok=True)
+        seqs = list_seqs(self.dir) + list_seqs(quarantine_dir(stream_dir, shard))
+        self.next_seq = max(seqs, default=-1) + 1
+        self.identity = f"{socket.gethostname()}:{os.getpid()}/{shard}"
+
+    def append(self, rows_or_table: list[dict] | pa.Table, seq: int | None = None) -> int:
+        """Publish one segment and return its seq. `seq` may skip ahead (e.g. batch n at seq n), never back."""
+        table = rows_or_table
+        if not isinstance(table, pa.Table):
+            table = to_table(self.kind, table)
+        if not table.schema.equals(SCHEMAS[self.kind]):
+            raise ValueError(f"table does not match the {self.kind!r} schema: {table.schema}")
+        seq = self.next_seq if seq is None else seq
+        if seq < self.next_seq:
+            raise ValueError(f"seq {seq} is not after the last seq {self.next_seq - 1} of {self.dir}")
+        batches = table.combine_chunks().to_batches()
+        meta = {
+            "pv.schema_version": str(SCHEMA_VERSION),
+            "pv.kind": self.kind,
+            "pv.crc32": f"{_crc_of_batches(batches):08x}",
+            "pv.rows": str(table.num_rows),
+            "pv.writer": self.identity,
+            "pv.created_at": repr(time.time()),
+        }
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema.with_metadata(meta)) as w:
+            for b in batches:
+                w.write_batch(b)
+        data = sink.getvalue()
+
+        final = self.dir / segment_name(seq)
+        tmp = self.dir / f".{final.name}.tmp"
+        assert not final.exists(), f"{final} already exists: a second writer on shard {self.shard!r}?"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise io_error(e, final, "write segment") from e
+        self.next_seq = seq + 1  # visible now: never reuse this seq, even if the dir fsync fails
+        try:
+            fsync_dir(self.dir)
+        except OSError as e:
+            raise io_error(e, final, "make durable segment") from e
+        return seq
+
+    def close(self) -> None:
+        self._lock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_segment(path: Path, kind: str | None = None) -> pa.Table:
+    """Decode and verify one segment. Raises CorruptSegment (or NewerSchemaVersion) on any failure;
+    FileNotFoundError passes through because a vanished segment is not a corrupt one."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        return _decode(path, data, kind)
+    except CorruptSegment:
+        raise
+    except Exception as e:  # whatever pyarrow/struct raise on garbage: truncated, flipped, not Arrow
+        raise CorruptSegment(path, f"cannot decode as Arrow IPC ({type(e).__name__}: {e})") from e
+
+
+def _decode(path: Path, data: bytes, kind: str | None) -> pa.Table:
+    if len(data) < 24 or data[:6] != _MAGIC or data[-6:] != _MAGIC:
+        raise CorruptSegment(path, f"not a complete Arrow IPC file ({len(data)} bytes, bad magic)")
+    reader = pa.ipc.open_file(pa.py_buffer(data))
+    meta = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
+    version = int(meta.get("pv.schema_version", "-1"))
+    if version > SCHEMA_VERSION:
+        raise NewerSchemaVersion(
+            path, f"schema_version {version} is newer than this Prime Values' {SCHEMA_VERSION}; upgrade prime_values")
+    if version != SCHEMA_VERSION:
+        raise CorruptSegment(path, f"unsupported or missing schema_version {version}")
+    seg_kind = meta.get("pv.kind")
+    if kind is not None and seg_kind != kind:
+        raise CorruptSegment(path, f"holds kind {seg_kind!r}, expected {kind!r}")
+    if seg_kind not in SCHEMAS or not reader.schema.equals(SCHEMAS[seg_kind]):
+        raise CorruptSegment(path, f"columns do not match the {seg_kind!r} schema")
+    # checksum the record batch messages: from after the schema message to before the footer
+    (cont, schema_len), (footer_len,) = struct.unpack_from("<Ii", data, 8), struct.unpack_from("<i", data, len(data) - 10)
+    start, end = 16 + schema_len, len(data) - 10 - footer_len
+    if cont != 0xFFFFFFFF or not 16 < start <= end <= len(data) - 10:
+        raise CorruptSegment(path, "inconsistent IPC framing")
+    crc = f"{zlib.crc32(memoryview(data)[start:end]):08x}"
+    if crc != meta.get("pv.crc32"):
+        raise CorruptSegment(path, f"checksum mismatch (crc32 {crc}, recorded {meta.get('pv.crc32')})")
+    table = reader.read_all()
+    if str(table.num_rows) != meta.get("pv.rows"):
+        raise CorruptSegment(path, f"{table.num_rows} rows, recorded {meta.get('pv.rows')}")
+    return table
+
+
+@dataclass
+class Segment:
+    shard: str
+    seq: int
+    path: Path
+    table: pa.Table
+
+    @property
+    def meta(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in (self.table.schema.metadata or {}).items()}
+
+    @property
+    def created_at(self) -> float:
+        return float(self.meta["pv.created_at"])
+
+
+def load_cursor(path: Path) -> dict[str, dict[str, int]]:
+    """{stream: {shard: next_seq}}; a missing file means "nothing read yet"."""
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError as e:
+        raise ValueError(f"cursor file {path} is not valid JSON ({e}); delete it to re-read the log from the start") from e
+
+
+class LogReader:
+    """Tails every shard of one stream for one consumer, with a resumable cursor.
+
+    `poll()` advances an in-memory position; `commit()` persists it. Commit after the polled segments
+    are processed and a restarted consumer neither skips nor repeats a committed segment.
+    Undecodable segments are quarantined and counted, never raised: one bad file must not stop a run.
+    """
+
+    def __init__(self, stream_dir: Path, consumer: str, cursor_dir: Path, kind: str):
+        schema_for(kind)
+        self.stream_dir, self.kind, self.consumer = Path(stream_dir), kind, consumer
+        self.stream = self.stream_dir.name
+        self.cursor_path = Path(cursor_dir) / f"{consumer}.json"
+        self.next_seq: dict[str, int] = dict(load_cursor(self.cursor_path).get(self.stream, {}))
+        self.quarantined = 0  # segments this reader moved to quarantine
+        self.vanished = 0  # listed but gone before reading (retention, or another consumer's quarantine)
+
+    def _unread(self):
+        """(mtime, shard, seq) of unread segments: per shard in seq order, merged by publication time."""
+        try:
+            shards = sorted(e.name for e in os.scandir(self.stream_dir) if e.is_dir() and not e.name.startswith("."))
+        except FileNotFoundError:
+            return []
+        queues = []
+        for shard in shards:
+            start, todo = self.next_seq.get(shard, 0), []
+            for seq in list_seqs(self.stream_dir / shard):
+                if seq >= start:
+                    try:
+                        mtime = os.stat(self.stream_dir / shard / segment_name(seq)).st_mtime
+                    except FileNotFoundError:
+                        mtime = 0.0
+                    todo.append((mtime, shard, seq))
+            queues.append(todo)
+        return heapq.merge(*queues)  # keeps each shard's seq order, interleaves shards fairly by time
+
+    def poll(self, max_segments: int | None = None) -> list[Segment]:
+        """Next unread segments (at most `max_segments`); [] when nothing is new."""
+        out: list[Segment] = []
+        for _, shard, seq in self._unread():
+            if max_segments is not None and len(out) >= max_segments:
+                break
+            path = self.stream_dir / shard / segment_name(seq)
+            try:
+                out.append(Segment(shard, seq, path, read_segment(path, self.kind)))
+            except FileNotFoundError:
+                self.vanished += 1
+            except NewerSchemaVersion:
+                raise
+            except CorruptSegment as e:
+                self._quarantine(shard, e)
+            self.next_seq[shard] = seq + 1
+        return out
+
+    def _quarantine(self, shard: str, e: CorruptSegment) -> None:
+        dst = quarantine_dir(self.stream_dir, shard) / e.path.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(e.path, dst)
+        except FileNotFoundError:  # another consumer moved it first
+            return
+        write_atomic(dst.with_name(dst.name + ".reason"),
+                     f"{e.reason}\nquarantined by consumer {self.consumer!r} at {time.time():.3f}\n".encode())
+        self.quarantined += 1
+        log.warning("quarantined %s to %s: %s", e.path, dst, e.reason)
+
+    def commit(self) -> None:
+        """Atomically persist the position; other streams in the same cursor file are kept."""
+        cursor = load_cursor(self.cursor_path)
+        cursor[self.stream] = dict(sorted(self.next_seq.items()))
+        self.cursor_path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.cursor_path, json.dumps(cursor, indent=1, sort_keys=True).encode())

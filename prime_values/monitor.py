@@ -1,0 +1,56 @@
+"""Metrics: one JSON object per line in `metrics/<role>.jsonl`, readable while the run goes."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; null means "not measurable yet"
+    return value
+
+
+class MetricsWriter:
+    def __init__(self, path: Path, role: str):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.role = role
+        self._file = open(path, "a", buffering=1)  # line-buffered: the conductor tails it live
+
+    def log(self, **metrics) -> None:
+        record = {"time": time.time(), "role": self.role, **{k: _clean(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class MetricsTail:
+    """Reads the lines appended to a metrics file since the last call (the conductor's live view)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._offset = 0
+        self.last: dict = {}
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        self._offset += len(complete)
+        records = [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+        for record in records:
+            self.last.update(record)
+        return records
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

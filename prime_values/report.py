@@ -1,0 +1,81 @@
+"""The summary of a run directory: the figures a run is judged by, from the roles' metrics files."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from prime_values.monitor import read_metrics
+from prime_values.rundir import RunDir, write_atomic
+from prime_values.weights import latest_version
+
+EV_WINDOW = 10  # batches averaged for the final explained variance (one batch is noisy)
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def summarise(run: RunDir | str | Path, status: str = "finished", error: str | None = None) -> dict:
+    run = run if isinstance(run, RunDir) else RunDir(run)
+    policy = read_metrics(run.metrics("policy_trainer"))
+    orchestrator = read_metrics(run.metrics("orchestrator"))
+    warm = [m for m in read_metrics(run.metrics("warm_start")) if "heldout_accuracy" in m]
+    critic = [m for m in read_metrics(run.metrics("value_trainer")) if "critic_step" in m]
+    evals = [m for m in policy if "heldout_accuracy" in m]
+    steps = [m for m in policy if "loss" in m]
+    evs = [m.get("critic_explained_variance") for m in orchestrator if "step" in m]
+    policy_version, critic_version = latest_version(run.weights("policy")), latest_version(run.weights("critic"))
+    first_time = min((m["time"] for m in read_metrics(run.metrics("warm_start"))), default=None)
+    last_time = max((m["time"] for m in policy), default=None)
+    summary = {
+        "status": status,
+        "error": error,
+        "run_dir": str(run.root.resolve()),
+        "policy_steps": steps[-1]["step"] if steps else 0,
+        "warm_start_accuracy": warm[-1]["heldout_accuracy"] if warm else None,
+        "first_rl_step_accuracy": evals[0]["heldout_accuracy"] if evals else None,
+        "final_accuracy": evals[-1]["heldout_accuracy"] if len(evals) > 1 else None,
+        "final_accuracy_step": evals[-1]["step"] if len(evals) > 1 else None,
+        "final_reward_mean": _mean([m.get("reward_mean") for m in steps[-EV_WINDOW:]]),
+        "final_explained_variance": _mean(evs[-EV_WINDOW:]),
+        "critic_version": critic_version,
+        "critic_steps": critic[-1]["critic_step"] if critic else 0,
+        "wall_s": (last_time - first_time) if first_time and last_time else None,
+        "policy_weights": str(run.weights("policy") / str(policy_version)) if policy_version is not None else None,
+        "critic_weights": str(run.weights("critic") / str(critic_version)) if critic_version is not None else None,
+        "written_at": time.time(),
+    }
+    run.report.mkdir(parents=True, exist_ok=True)
+    write_atomic(run.report / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def _fmt(value, spec=".3f"):
+    return "n/a" if value is None else format(value, spec)
+
+
+def format_summary(s: dict) -> str:
+    gain = (s["final_accuracy"] - s["first_rl_step_accuracy"]) if s["final_accuracy"] is not None and \
+        s["first_rl_step_accuracy"] is not None else None
+    return "\n".join([
+        f"== prime_values run {s['status']} ==",
+        f"run directory        {s['run_dir']}",
+        f"policy steps         {s['policy_steps']}   wall {_fmt(s['wall_s'], '.0f')} s",
+        f"held-out accuracy    warm start {_fmt(s['warm_start_accuracy'])} -> first RL step "
+        f"{_fmt(s['first_rl_step_accuracy'])} -> final {_fmt(s['final_accuracy'])} (gain {_fmt(gain, '+.3f')})",
+        f"reward (last {EV_WINDOW} steps) {_fmt(s['final_reward_mean'])}",
+        f"critic               version {s['critic_version']} after {s['critic_steps']} steps, explained variance "
+        f"on fresh rollouts (last {EV_WINDOW} batches) {_fmt(s['final_explained_variance'])}",
+        f"policy weights       {s['policy_weights']}",
+        f"critic weights       {s['critic_weights']}",
+        f"summary              {s['run_dir']}/report/summary.json",
+    ])
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(format_summary(summarise(sys.argv[1])))

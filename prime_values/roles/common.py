@@ -1,0 +1,62 @@
+"""What every role shares: the run directory, the resolved config, metrics, heartbeat and the stop check."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import zlib
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from prime_values.launch import job_device
+from prime_values.monitor import MetricsWriter
+from prime_values.rundir import RunDir, write_atomic
+
+HEARTBEAT_EVERY_S = 2.0
+
+
+class RoleContext:
+    def __init__(self, run_dir: str | os.PathLike, name: str, device_key: str | None = None):
+        self.run = RunDir(run_dir)
+        self.cfg = OmegaConf.load(self.run.config)
+        self.name = name
+        self.metrics = MetricsWriter(self.run.metrics(name), name)
+        self.state = self.run.state(name)
+        self.device = job_device(self.cfg.topology[device_key]) if device_key else "cpu"
+        self._last_beat = 0.0
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+        self.log = logging.getLogger(f"prime_values.{name}")
+        import torch
+
+        torch.set_num_threads(self.cfg.topology.threads_per_role)
+        torch.manual_seed(self.seed())
+        self.heartbeat()
+
+    def seed(self, *salt: int) -> int:
+        """A seed of this role's own, derived from the run seed (every worker gets a different stream)."""
+        return zlib.crc32(repr((self.cfg.seed, self.name, salt)).encode()) % (2**31)
+
+    def heartbeat(self) -> None:
+        now = time.time()
+        if now - self._last_beat >= HEARTBEAT_EVERY_S:
+            write_atomic(self.state / "heartbeat", f"{now}\n")
+            self._last_beat = now
+
+    def stopping(self) -> bool:
+        """Polled by every loop: the conductor asks roles to stop by writing the control file."""
+        self.heartbeat()
+        return self.run.stop_requested()
+
+    def wait(self, seconds: float = 0.02) -> None:
+        time.sleep(seconds)
+
+    def mark_done(self, **summary) -> None:
+        import json
+
+        write_atomic(self.state / "done", json.dumps(summary))
+
+
+def done_marker(run: RunDir, role: str) -> Path:
+    return run.root / "state" / role / "done"

@@ -1,0 +1,67 @@
+"""The critic's view of a rollout, shared by the value evaluator (scoring) and the value trainer (training).
+
+The privileged context is folded in as a text prefix before the whole trace; the trace's token ids are
+appended verbatim, so the policy tokens are the same tokens in both layouts and values map back exactly
+(`algo.privileged`)."""
+
+from __future__ import annotations
+
+import torch
+
+from prime_values.algo.privileged import batch_values_to_policy_layout, critic_layout, truncate_for_critic
+
+
+class CriticInputs:
+    """A right-padded critic batch built from rollout rows (dicts with token_ids, policy_mask, privileged)."""
+
+    def __init__(self, rows: list[dict], tokenizer, template: str, privileged: bool, max_length: int,
+                 device: str = "cpu"):
+        pad_id = tokenizer.pad_token_id
+        sequences, prefix_lens, self.cut = [], [], []
+        for row in rows:
+            prefix = tokenizer.encode(template.format(privileged=row["privileged"]), add_special_tokens=False) \
+                if privileged else []
+            ids, _ = critic_layout(list(row["token_ids"]), list(row["policy_mask"]), prefix)
+            ids, cut = truncate_for_critic(ids, max_length)
+            sequences.append(ids)
+            prefix_lens.append(len(prefix))
+            self.cut.append(cut)
+        length = max(map(len, sequences))
+        trace_length = max(len(row["token_ids"]) for row in rows)
+        self.input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+        self.attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+        self.policy_mask = torch.zeros((len(rows), trace_length), dtype=torch.bool)
+        for b, (ids, row) in enumerate(zip(sequences, rows)):
+            self.input_ids[b, : len(ids)] = torch.tensor(ids)
+            self.attention_mask[b, : len(ids)] = 1
+            self.policy_mask[b, : len(row["policy_mask"])] = torch.tensor(list(row["policy_mask"])) > 0
+            # a cut trace has values only for the policy tokens whose state fits: token j reads position
+            # prefix + j - 1, so tokens from len(ids) - prefix + 1 on are left without a value (0)
+            self.policy_mask[b, len(ids) - prefix_lens[b] + 1:] = False
+        self.prefix_lens = torch.tensor(prefix_lens)
+        self.input_ids, self.attention_mask = self.input_ids.to(device), self.attention_mask.to(device)
+        self.policy_mask, self.prefix_lens = self.policy_mask.to(device), self.prefix_lens.to(device)
+
+    def values(self, critic) -> torch.Tensor:
+        """[B, T] values in the policy's layout (0 where the policy did not sample the token)."""
+        from prime_values.models import critic_values
+
+        critic_out = critic_values(critic, self.input_ids, self.attention_mask)  # [B, L]
+        return batch_values_to_policy_layout(critic_out, self.prefix_lens, self.policy_mask)
+
+
+def padded(rows: list[dict], key: str, dtype: torch.dtype, length: int | None = None, fill=0) -> torch.Tensor:
+    """Right-pad a list column of rows into a [B, T] tensor (`fill` beyond each row's length)."""
+    length = length or max(len(row[key]) for row in rows)
+    out = torch.full((len(rows), length), fill, dtype=dtype)
+    for b, row in enumerate(rows):
+        values = row[key]
+        if len(values):
+            out[b, : len(values)] = torch.as_tensor(list(values), dtype=dtype)
+    return out
+
+
+def attention_mask(rows: list[dict]) -> torch.Tensor:
+    """[B, T] 1 on each row's tokens, 0 on the right padding."""
+    lengths = torch.tensor([len(row["token_ids"]) for row in rows])
+    return (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()

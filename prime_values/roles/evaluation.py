@@ -1,0 +1,109 @@
+"""Held-out evaluation and supervised warm start for the embedded tasks.
+
+Token layout everywhere: ``prompt_ids = tokenizer.encode(problem.prompt)`` (no special tokens),
+response = ``tokenizer.encode(task.solution(problem)) + [eos]``; sequences are right-padded for
+training.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Callable
+
+import torch
+
+from prime_values.models.sampling import greedy
+
+
+def encode_prompts(tokenizer, problems) -> list[list[int]]:
+    return [tokenizer.encode(p.prompt, add_special_tokens=False) for p in problems]
+
+
+def score_responses(tokenizer, task, problems, responses: list[list[int]]) -> list[float]:
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    return [task.score(p, t) for p, t in zip(problems, texts)]
+
+
+def heldout_accuracy(model, tokenizer, task, problems=None, max_new_tokens: int | None = None,
+                     batch_size: int = 256) -> float:
+    """Greedy-decoding exact-match accuracy on ``problems`` (default: ``task.heldout()``)."""
+    problems = task.heldout() if problems is None else problems
+    if not problems:
+        return float("nan")
+    if max_new_tokens is None:
+        max_new_tokens = task.max_answer_chars() + 1
+    responses = greedy(model, encode_prompts(tokenizer, problems), max_new_tokens,
+                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, batch_size=batch_size)
+    scores = score_responses(tokenizer, task, problems, responses)
+    return sum(scores) / len(scores)
+
+
+def sft_batch(tokenizer, task, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 except on solution+eos)."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    seqs, n_prompt = [], []
+    for p in problems:
+        pi = tokenizer.encode(p.prompt, add_special_tokens=False)
+        ri = tokenizer.encode(task.solution(p), add_special_tokens=False) + [eos]
+        seqs.append(pi + ri)
+        n_prompt.append(len(pi))
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, (s, k) in enumerate(zip(seqs, n_prompt)):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = 1
+        labels[i, k:len(s)] = ids[i, k:len(s)]
+    return ids, mask, labels
+
+
+def sft_loss(model, ids, mask, labels) -> tuple[torch.Tensor, dict]:
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
+    tgt = labels[:, 1:]
+    valid = tgt != -100
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                             ignore_index=-100)
+    with torch.no_grad():
+        correct = (logits.argmax(-1) == tgt) & valid
+        # a sequence is right under teacher forcing when all its solution tokens are
+        seq_ok = (correct | ~valid).all(-1)
+    return loss, {"loss": float(loss.detach()), "token_acc": float(correct.sum() / valid.sum().clamp_min(1)),
+                  "seq_acc_tf": float(seq_ok.float().mean())}
+
+
+def supervised_warm_start(model, tokenizer, task, steps: int, batch_size: int = 128, lr: float = 2e-3,
+                          seed: int = 0, on_log: Callable[[int, dict], None] | None = None,
+                          log_every: int = 50, warmup_steps: int = 10, weight_decay: float = 0.0,
+                          grad_clip: float = 1.0) -> dict:
+    """SFT on freshly generated training problems (never held-out ones): cross-entropy on the
+    solution and eos tokens only, AdamW, linear warm-up then constant ``lr``.
+
+    Returns the metrics of the last step (``loss``, ``token_acc``, ``seq_acc_tf`` = teacher-forced
+    exact-sequence accuracy, ``step``, ``elapsed_s``). ``on_log(step, metrics)`` is called every
+    ``log_every`` steps and after the last one. Leaves the model in train mode.
+    """
+    rng = random.Random(f"sft-{seed}")
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0)
+    t0 = time.perf_counter()
+    metrics: dict = {"step": 0, "elapsed_s": 0.0}
+    for step in range(1, steps + 1):
+        ids, mask, labels = sft_batch(tokenizer, task, task.sample(rng, batch_size))
+        loss, m = sft_loss(model, ids, mask, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip:
+            m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
+        opt.step()
+        sched.step()
+        if not math.isfinite(m["loss"]):
+            raise FloatingPointError(f"SFT loss is {m['loss']} at step {step}")
+        metrics = {**m, "step": step, "lr": sched.get_last_lr()[0], "elapsed_s": time.perf_counter() - t0}
+        if on_log is not None and (step % log_every == 0 or step == steps):
+            on_log(step, metrics)
+    return metrics

@@ -1,0 +1,74 @@
+"""Value evaluator: the critic's value at every causal state of every rollout, stamped with its version.
+
+Dedicated topology: this is its own job, adopting each newly published critic version between scoring
+batches. Colocated topology: the value trainer owns a `Scorer` and serves it between optimizer steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from prime_values.log import LogReader, SegmentWriter, to_rows
+from prime_values.roles.common import RoleContext
+from prime_values.roles.critic_io import CriticInputs
+
+
+class Scorer:
+    """Tails the rollout log and appends one values segment per scored batch of rollouts."""
+
+    def __init__(self, ctx: RoleContext, tokenizer, consumer: str = "evaluator"):
+        self.ctx, self.cfg, self.tokenizer = ctx, ctx.cfg, tokenizer
+        self.reader = LogReader(ctx.run.stream("rollouts"), consumer, ctx.run.cursors, "rollouts")
+        self.writer = SegmentWriter(ctx.run.stream("values"), "e0", "values")
+        self.scored = 0
+
+    @torch.no_grad()
+    def score_pending(self, critic, critic_version: int, max_segments: int = 4) -> int:
+        """Score what has arrived since the last call; returns the number of rollouts scored."""
+        segments = self.reader.poll(max_segments=max_segments)
+        if not segments:
+            return 0
+        started = time.time()
+        rows = [row for segment in segments for row in to_rows(segment.table)]
+        was_training = critic.training
+        critic.eval()
+        out = []
+        for begin in range(0, len(rows), self.cfg.critic.score_batch_rollouts):
+            chunk = rows[begin: begin + self.cfg.critic.score_batch_rollouts]
+            inputs = CriticInputs(chunk, self.tokenizer, self.cfg.critic.template, self.cfg.critic.privileged,
+                                  self.cfg.critic.max_length, self.ctx.device)
+            values = inputs.values(critic).float().cpu()
+            now = time.time()
+            for b, row in enumerate(chunk):
+                out.append({"rollout_id": row["rollout_id"], "critic_version": critic_version,
+                            "values": values[b, : len(row["token_ids"])].tolist(), "cut": inputs.cut[b],
+                            "scored_at": now})
+        critic.train(was_training)
+        self.writer.append(out)
+        self.reader.commit()
+        self.scored += len(rows)
+        elapsed = time.time() - started
+        tokens = sum(len(r["token_ids"]) for r in rows)
+        self.ctx.metrics.log(scored=len(rows), scored_total=self.scored, critic_version=critic_version,
+                             score_s=elapsed, states_per_s=tokens / max(elapsed, 1e-9),
+                             quarantined=self.reader.quarantined)
+        return len(rows)
+
+
+def main(run_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    from prime_values.models import load_critic
+    from prime_values.weights import Adopter
+
+    ctx = RoleContext(run_dir, "evaluator", "evaluator_device")
+    critic = Adopter(ctx.run.weights("critic"), lambda path: load_critic(path).to(ctx.device).eval())
+    critic.wait(timeout_s=600, stop=ctx.stopping)
+    tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
+    scorer = Scorer(ctx, tokenizer)
+    while not ctx.stopping():
+        critic.poll()  # adopt a newer critic version between scoring batches
+        if not scorer.score_pending(critic.value, critic.version):
+            ctx.wait()

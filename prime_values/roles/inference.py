@@ -1,0 +1,89 @@
+"""Inference worker: sample groups with the newest adopted policy, score them, append them to the log.
+
+Worker `w` owns log shard `w<w>` and its own slice of the prompt stream. Its chunk `c` (its segment number)
+is meant for policy step `c + 1`, so it waits until the policy trainer has published version
+`c - max_off_policy` rather than generate rollouts the orchestrator could never admit.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+from prime_values.log import SegmentWriter
+from prime_values.roles.common import RoleContext
+from prime_values.weights import Adopter, latest_version
+
+
+def build_rows(problems, completions, prompt_ids, task, policy_version: int, shard: str, chunk: int,
+               tokenizer) -> list[dict]:
+    """One rollout record per completion: the flat trace, its masks, logprobs and verified reward."""
+    rows, now = [], time.time()
+    for k, completion in enumerate(completions):
+        problem = problems[completion.prompt_index]
+        prompt = prompt_ids[completion.prompt_index]
+        response = list(completion.response_ids)
+        text = tokenizer.decode(response, skip_special_tokens=True)
+        rows.append({
+            "rollout_id": f"{shard}-{chunk:06d}-{k:04d}",
+            "prompt_id": problem.prompt_id,
+            "group_id": f"{shard}-{chunk:06d}-{completion.prompt_index:04d}",
+            "shard": shard,
+            "policy_version": policy_version,
+            "token_ids": prompt + response,
+            "policy_mask": [0] * len(prompt) + [1] * len(response),
+            "sampling_logprobs": [0.0] * len(prompt) + [float(x) for x in completion.logprobs],
+            "reward": float(task.score(problem, text)),
+            "stop_reason": completion.stop_reason,
+            "privileged": problem.privileged,
+            "task": json.dumps({"prompt": problem.prompt, "answer": problem.answer, "response": text}),
+            "created_at": now,
+        })
+    return rows
+
+
+def main(run_dir: str, worker: int = 0) -> None:
+    from transformers import AutoTokenizer
+
+    from prime_values.models import load_policy
+    from prime_values.models.sampling import sample
+    from prime_values.roles.evaluation import encode_prompts
+    from prime_values.tasks import make_task
+
+    ctx = RoleContext(run_dir, f"inference{worker}", "inference_device")
+    cfg, shard = ctx.cfg, f"w{worker}"
+    task = make_task(**cfg.task)
+    policy_root = ctx.run.weights("policy")
+    policy = Adopter(policy_root, lambda path: load_policy(path).to(ctx.device))
+    policy.wait(timeout_s=600, stop=ctx.stopping)
+    tokenizer = AutoTokenizer.from_pretrained(policy_root / str(policy.version))
+    writer = SegmentWriter(ctx.run.stream("rollouts"), shard, "rollouts")
+    prompts_per_chunk = cfg.inference.prompts_per_step // cfg.topology.inference_workers
+    chunk = writer.next_seq  # resumes after the last published segment
+    paused_s = 0.0
+
+    while not ctx.stopping():
+        step = chunk + 1  # the policy step this chunk is generated for
+        needed = step - 1 - cfg.schedule.max_off_policy
+        if step > cfg.steps or (latest_version(policy_root) or 0) < needed:
+            ctx.wait()  # paused: ahead of the policy trainer (or done)
+            paused_s += 0.02
+            continue
+        policy.poll()
+        started = time.time()
+        rng = random.Random(ctx.seed(chunk))
+        problems = task.sample(rng, prompts_per_chunk)
+        prompt_ids = encode_prompts(tokenizer, problems)
+        completions = sample(policy.value, prompt_ids, num_samples=cfg.inference.group_size,
+                             max_new_tokens=cfg.inference.max_new_tokens, temperature=cfg.inference.temperature,
+                             eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, seed=ctx.seed(chunk, 1))
+        rows = build_rows(problems, completions, prompt_ids, task, policy.version, shard, chunk, tokenizer)
+        writer.append(rows)
+        elapsed = time.time() - started
+        new_tokens = sum(sum(r["policy_mask"]) for r in rows)
+        ctx.metrics.log(chunk=chunk, for_step=step, policy_version=policy.version, rollouts=len(rows),
+                        reward_mean=sum(r["reward"] for r in rows) / len(rows), gen_s=elapsed,
+                        tokens_per_s=new_tokens / max(elapsed, 1e-9), paused_s=paused_s)
+        paused_s = 0.0
+        chunk += 1

@@ -1,0 +1,170 @@
+"""Orchestrator: join rollouts with their values, turn them into advantages and value targets, batch them.
+
+Rollouts arrive per group (all completions of one prompt). A group is complete when every rollout has
+its values (advantage=gae) or simply when it has arrived (advantage=grpo, no critic). Complete groups get
+per-token advantages (GAE with lambda_policy) and value targets (GAE with lambda_value); the targets of
+every complete group go to `log/targets` for the value trainer, the groups fresh enough for the next
+step go into batch `n` of `log/batches`: a rollout from policy version v is admitted to batch n only while
+(n - 1) - v <= schedule.max_off_policy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import torch
+
+from prime_values.algo.gae import advantages_and_targets, explained_variance, grpo_advantages, whiten
+from prime_values.log import LogReader, SegmentWriter, to_rows
+from prime_values.roles.common import RoleContext
+from prime_values.roles.critic_io import padded
+
+
+class GroupJoin:
+    """Holds rollouts until their group is complete (and, with a critic, until every one has values)."""
+
+    def __init__(self, group_size: int, needs_values: bool):
+        self.group_size, self.needs_values = group_size, needs_values
+        self.values: dict[str, dict] = {}
+        self.groups: dict[str, list[dict]] = {}
+        self.waiting_rollouts = 0
+
+    def add_rollouts(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.groups.setdefault(row["group_id"], []).append(row)
+
+    def add_values(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.values[row["rollout_id"]] = row
+
+    def pop_complete(self) -> list[tuple[list[dict], list[dict] | None]]:
+        """Complete groups in arrival order, each with its values rows (None without a critic)."""
+        complete = []
+        for group_id, rollouts in list(self.groups.items()):
+            if len(rollouts) < self.group_size:
+                continue
+            if self.needs_values and not all(r["rollout_id"] in self.values for r in rollouts):
+                continue
+            values = [self.values.pop(r["rollout_id"]) for r in rollouts] if self.needs_values else None
+            complete.append((self.groups.pop(group_id), values))
+        self.waiting_rollouts = sum(map(len, self.groups.values()))
+        return complete
+
+
+def score_group(rollouts: list[dict], values: list[dict] | None, cfg) -> dict[str, torch.Tensor]:
+    """Per-token advantages [G, T] and value targets [G, T] of one complete group."""
+    adv_cfg = cfg.advantage
+    mask = padded(rollouts, "policy_mask", torch.bool)
+    rewards = torch.tensor([r["reward"] for r in rollouts], dtype=torch.float32)
+    if values is None:  # grpo: the group mean is the baseline, no critic involved
+        group_ids = torch.zeros(len(rollouts), dtype=torch.long)
+        advantages = grpo_advantages(rewards, group_ids, mask)
+        return {"advantages": advantages, "targets": None, "values": None, "mask": mask}
+    v = padded(values, "values", torch.float32, length=mask.shape[1])
+    advantages, targets = advantages_and_targets(rewards, v, mask, gamma=adv_cfg.gamma,
+                                                 lambda_policy=adv_cfg.lambda_policy,
+                                                 lambda_value=adv_cfg.lambda_value)
+    return {"advantages": advantages, "targets": targets, "values": v, "mask": mask}
+
+
+def target_rows(rollouts, values, scored) -> list[dict]:
+    now = time.time()
+    return [{
+        "rollout_id": r["rollout_id"], "group_id": r["group_id"], "policy_version": r["policy_version"],
+        "critic_version": v["critic_version"], "token_ids": r["token_ids"], "policy_mask": r["policy_mask"],
+        "privileged": r["privileged"], "reward": r["reward"], "values": v["values"],
+        "value_targets": scored["targets"][b, : len(r["token_ids"])].tolist(), "created_at": now,
+    } for b, (r, v) in enumerate(zip(rollouts, values))]
+
+
+def batch_rows(step: int, groups: list[dict], whiten_advantages: bool) -> list[dict]:
+    """The rows of batch `step`: every rollout of the admitted groups with its advantages."""
+    rollouts = [r for g in groups for r in g["rollouts"]]
+    length = max(len(r["token_ids"]) for r in rollouts)
+    advantages = torch.zeros((len(rollouts), length))
+    mask = torch.zeros((len(rollouts), length), dtype=torch.bool)
+    b = 0
+    for g in groups:
+        a, m = g["scored"]["advantages"], g["scored"]["mask"]
+        advantages[b: b + len(a), : a.shape[1]] = a
+        mask[b: b + len(a), : m.shape[1]] = m
+        b += len(a)
+    if whiten_advantages:
+        advantages = whiten(advantages, mask)
+    with_critic = groups[0]["values"] is not None
+    critic_versions = [v["critic_version"] for g in groups for v in g["values"]] if with_critic \
+        else [-1] * len(rollouts)
+    return [{
+        "step": step, "rollout_id": r["rollout_id"], "policy_version": r["policy_version"],
+        "critic_version": critic_versions[b], "token_ids": r["token_ids"], "policy_mask": r["policy_mask"],
+        "sampling_logprobs": r["sampling_logprobs"], "advantages": advantages[b, : len(r["token_ids"])].tolist(),
+        "reward": r["reward"],
+    } for b, r in enumerate(rollouts)]
+
+
+def batch_metrics(step: int, groups: list[dict]) -> dict:
+    rewards = [r["reward"] for g in groups for r in g["rollouts"]]
+    versions = [r["policy_version"] for g in groups for r in g["rollouts"]]
+    out = {"step": step, "reward_mean": sum(rewards) / len(rewards),
+           "off_policy_mean": sum((step - 1) - v for v in versions) / len(versions),
+           "off_policy_max": max((step - 1) - v for v in versions)}
+    if groups[0]["values"] is not None:
+        width = max(g["scored"]["mask"].shape[1] for g in groups)
+
+        def cat(key):
+            return torch.cat([torch.nn.functional.pad(g["scored"][key], (0, width - g["scored"][key].shape[1]))
+                              for g in groups])
+
+        # values were predicted before the critic trained on these rollouts: a fresh-data measurement
+        out["critic_explained_variance"] = explained_variance(cat("values"), cat("targets"), cat("mask"))
+        out["critic_version_mean"] = sum(v["critic_version"] for g in groups for v in g["values"]) / len(rewards)
+    return out
+
+
+def main(run_dir: str) -> None:
+    ctx = RoleContext(run_dir, "orchestrator")
+    cfg = ctx.cfg
+    needs_values = cfg.advantage.estimator != "grpo"
+    rollouts = LogReader(ctx.run.stream("rollouts"), "orchestrator", ctx.run.cursors, "rollouts")
+    values = LogReader(ctx.run.stream("values"), "orchestrator.values", ctx.run.cursors, "values") \
+        if needs_values else None
+    batches = SegmentWriter(ctx.run.stream("batches"), "main", "batches")
+    targets = SegmentWriter(ctx.run.stream("targets"), "main", "targets") if needs_values else None
+    join = GroupJoin(cfg.inference.group_size, needs_values)
+    ready: deque[dict] = deque()
+    step = batches.next_seq + 1  # batch n is segment n - 1 of the batches stream
+    dropped_stale = 0
+
+    while not ctx.stopping():
+        new = rollouts.poll()
+        join.add_rollouts([row for s in new for row in to_rows(s.table)])
+        new_values = values.poll() if values else []
+        join.add_values([row for s in new_values for row in to_rows(s.table)])
+        complete = join.pop_complete()
+        scored_rows = []
+        for group_rollouts, group_values in complete:
+            scored = score_group(group_rollouts, group_values, cfg)
+            ready.append({"rollouts": group_rollouts, "values": group_values, "scored": scored})
+            if group_values is not None:
+                scored_rows += target_rows(group_rollouts, group_values, scored)
+        if scored_rows:
+            targets.append(scored_rows)
+        while step <= cfg.steps and ready:
+            # drop groups that became too stale for this step; keep the freshest-first order of arrival
+            while ready and (step - 1) - ready[0]["rollouts"][0]["policy_version"] > cfg.schedule.max_off_policy:
+                ready.popleft()
+                dropped_stale += cfg.inference.group_size
+            if len(ready) < cfg.inference.prompts_per_step:
+                break
+            groups = [ready.popleft() for _ in range(cfg.inference.prompts_per_step)]
+            batches.append(batch_rows(step, groups, cfg.advantage.whiten))
+            ctx.metrics.log(**batch_metrics(step, groups), dropped_stale=dropped_stale,
+                            waiting_rollouts=join.waiting_rollouts, ready_groups=len(ready))
+            step += 1
+        if new or new_values:
+            rollouts.commit()
+            if values:
+                values.commit()
+        else:
+            ctx.wait()

@@ -1,0 +1,101 @@
+"""Policy trainer: batch n in, one importance-weighted PPO-clip step on the given advantages, version n out.
+
+It never loads a critic: the advantages arrive in the batch, computed by the orchestrator.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from prime_values.algo.losses import ppo_clip_loss, token_logprobs
+from prime_values.log import LogReader, to_rows
+from prime_values.roles.common import RoleContext
+from prime_values.roles.critic_io import attention_mask, padded
+from prime_values.weights import latest_version, prune, publish, version_dir
+
+
+def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str) -> dict:
+    """One optimizer step over the batch (gradient accumulated over micro-batches, token-mean overall)."""
+    pcfg = cfg.policy
+    size = pcfg.micro_batch_rollouts or len(rows)
+    total_tokens = sum(sum(r["policy_mask"]) for r in rows)
+    optimizer.zero_grad(set_to_none=True)
+    stats_sum: dict[str, float] = {}
+    for begin in range(0, len(rows), size):
+        micro = rows[begin: begin + size]
+        ids = padded(micro, "token_ids", torch.long, fill=pad_id).to(device)
+        attention = attention_mask(micro).to(device)
+        mask = padded(micro, "policy_mask", torch.bool).to(device)
+        sampling = padded(micro, "sampling_logprobs", torch.float32).to(device)
+        advantages = padded(micro, "advantages", torch.float32).to(device)
+        logits = model(input_ids=ids, attention_mask=attention).logits.float()
+        logprobs = token_logprobs(logits, ids, cfg.inference.temperature)
+        loss, stats = ppo_clip_loss(logprobs, sampling, advantages, mask, clip_low=pcfg.clip_low,
+                                    clip_high=pcfg.clip_high, kl_coef=pcfg.kl_coef)
+        weight = mask.sum().item() / max(total_tokens, 1)  # token-level aggregation across micro-batches
+        (loss * weight).backward()
+        for key, value in {"loss": loss.item(), **stats}.items():
+            stats_sum[key] = stats_sum.get(key, 0.0) + value * weight
+    if pcfg.max_grad_norm > 0:
+        stats_sum["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), pcfg.max_grad_norm).item()
+    optimizer.step()
+    return stats_sum
+
+
+def next_batch(reader: LogReader, ctx: RoleContext):
+    """Block until the next batch segment is published (or the run stops)."""
+    while not ctx.stopping():
+        segments = reader.poll(max_segments=1)
+        if segments:
+            return segments[0]
+        ctx.wait(0.01)
+    return None
+
+
+def main(run_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    from prime_values.models import load_policy, save_model
+    from prime_values.roles.evaluation import heldout_accuracy
+    from prime_values.tasks import make_task
+
+    ctx = RoleContext(run_dir, "policy_trainer", "policy_trainer_device")
+    cfg, policy_root = ctx.cfg, ctx.run.weights("policy")
+    start = latest_version(policy_root)
+    assert start is not None, f"no policy version in {policy_root}: the warm-start job publishes version 0"
+    model = load_policy(version_dir(policy_root, start)).to(ctx.device).train()
+    tokenizer = AutoTokenizer.from_pretrained(version_dir(policy_root, 0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
+    task = make_task(**cfg.task)
+    heldout = task.heldout()
+    reader = LogReader(ctx.run.stream("batches"), "policy_trainer", ctx.run.cursors, "batches")
+
+    def evaluate(step: int) -> None:
+        model.eval()
+        accuracy = heldout_accuracy(model, tokenizer, task, heldout, cfg.inference.max_new_tokens)
+        model.train()
+        ctx.metrics.log(step=step, heldout_accuracy=accuracy)
+
+    if start == 0:
+        evaluate(0)  # the accuracy at the first RL step, before any update
+    for step in range(start + 1, cfg.steps + 1):
+        waited = time.time()
+        segment = next_batch(reader, ctx)
+        if segment is None:
+            return
+        rows = to_rows(segment.table)
+        assert all(r["step"] == step for r in rows), f"batch segment {segment.path} is not for step {step}"
+        began = time.time()
+        stats = train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, ctx.device)
+        publish(policy_root, step, lambda path: save_model(model, tokenizer, path))
+        reader.commit()
+        prune(policy_root, keep=cfg.log.keep_weights)
+        versions = [r["policy_version"] for r in rows]
+        ctx.metrics.log(step=step, **stats, reward_mean=sum(r["reward"] for r in rows) / len(rows),
+                        off_policy_max=max((step - 1) - v for v in versions), wait_s=began - waited,
+                        train_s=time.time() - began, rollouts=len(rows))
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            evaluate(step)
+    ctx.mark_done(step=cfg.steps)

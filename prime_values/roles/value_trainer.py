@@ -1,0 +1,95 @@
+"""Value trainer: a bounded, non-blocking ingest queue into a rollout-granular replay buffer, critic steps on
+its own schedule, and monotonically versioned critic weights.
+
+A background thread tails `log/targets` into the ingest queue; when the trainer falls behind, the queue
+drops its oldest rollouts (counted) instead of holding anyone up. In the colocated topology this process
+also serves the value evaluator, and scoring goes first: it is on the policy's path, training is not.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from prime_values.algo.gae import explained_variance
+from prime_values.algo.losses import value_loss
+from prime_values.log import LogReader, to_rows
+from prime_values.replay import IngestQueue, ReplayBuffer
+from prime_values.roles.common import RoleContext
+from prime_values.roles.critic_io import CriticInputs, padded
+from prime_values.weights import latest_version, prune, publish, version_dir
+
+
+def ingest(reader: LogReader, queue: IngestQueue, ctx: RoleContext, stop: threading.Event) -> None:
+    """Tail the targets log into the ingest queue; never blocks on the trainer."""
+    while not stop.is_set():
+        segments = reader.poll()
+        for segment in segments:
+            for row in to_rows(segment.table):
+                queue.put(row)
+        if segments:
+            reader.commit()
+        else:
+            time.sleep(0.02)
+
+
+def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg, device: str) -> dict:
+    ccfg = cfg.critic
+    inputs = CriticInputs(rows, tokenizer, ccfg.template, ccfg.privileged, ccfg.max_length, device)
+    values = inputs.values(critic)
+    targets = padded(rows, "value_targets", torch.float32, length=values.shape[1]).to(device)
+    loss = value_loss(values, targets, inputs.policy_mask, kind=ccfg.loss)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if ccfg.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(critic.parameters(), ccfg.max_grad_norm)
+    optimizer.step()
+    return {"value_loss": loss.item(),
+            "train_explained_variance": explained_variance(values.detach(), targets, inputs.policy_mask)}
+
+
+def main(run_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    from prime_values.models import load_critic, save_model
+    from prime_values.roles.evaluator import Scorer
+
+    ctx = RoleContext(run_dir, "value_trainer", "value_trainer_device")
+    cfg, critic_root = ctx.cfg, ctx.run.weights("critic")
+    version = latest_version(critic_root)
+    assert version is not None, f"no critic version in {critic_root}: the warm-start job publishes version 0"
+    critic = load_critic(version_dir(critic_root, version)).to(ctx.device).train()
+    tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
+    queue = IngestQueue(cfg.replay.queue_size)
+    buffer = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_reuse, cfg.replay.sampling, seed=ctx.seed())
+    reader = LogReader(ctx.run.stream("targets"), "value_trainer", ctx.run.cursors, "targets")
+    stop = threading.Event()
+    threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
+    scorer = Scorer(ctx, tokenizer) if cfg.topology.evaluator == "colocated" else None
+    steps = 0
+    try:
+        while not ctx.stopping():
+            if scorer and scorer.score_pending(critic, version):
+                continue  # scoring has priority: drain the rollouts waiting for values first
+            for row in queue.drain():
+                buffer.add(row)
+            if len(buffer) < cfg.replay.min_rollouts:
+                ctx.wait()
+                continue
+            began = time.time()
+            stats = critic_step(critic, optimizer, buffer.sample(cfg.critic.batch_rollouts), tokenizer, cfg,
+                                ctx.device)
+            steps += 1
+            if steps % cfg.critic.publish_every == 0:
+                version += 1
+                publish(critic_root, version, lambda path: save_model(critic, tokenizer, path))
+                prune(critic_root, keep=cfg.log.keep_weights)
+            ctx.metrics.log(critic_step=steps, critic_version=version, **stats, step_s=time.time() - began,
+                            ingest_dropped=queue.dropped, **{f"replay_{k}": v for k, v in buffer.stats().items()})
+            if cfg.critic.throttle_s:
+                time.sleep(cfg.critic.throttle_s)
+    finally:
+        stop.set()

@@ -1,0 +1,79 @@
+"""Where everything lives in a run directory (DESIGN §2). The run directory is the bus between roles."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+ROLES = ("inference", "evaluator", "orchestrator", "policy_trainer", "value_trainer")
+
+
+class RunDir:
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    # the log: one directory per stream, one sub-directory per shard
+    @property
+    def log(self) -> Path:
+        return self.root / "log"
+
+    def stream(self, name: str) -> Path:
+        assert name in ("rollouts", "values", "targets", "batches"), f"unknown stream {name!r}"
+        return self.log / name
+
+    @property
+    def cursors(self) -> Path:
+        return self.log / "cursors"
+
+    def weights(self, model: str) -> Path:
+        assert model in ("policy", "critic"), f"unknown model {model!r}"
+        return self.root / "weights" / model
+
+    def state(self, role: str) -> Path:
+        path = self.root / "state" / role
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def metrics(self, role: str) -> Path:
+        return self.root / "metrics" / f"{role}.jsonl"
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    # stopping: the conductor writes the control file; every role polls it
+    @property
+    def stop_file(self) -> Path:
+        return self.root / "control" / "STOP"
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.stop_file, json.dumps({"reason": reason, "at": time.time()}))
+
+    def stop_requested(self) -> bool:
+        return self.stop_file.exists()
+
+    def mkdirs(self) -> None:
+        for path in (self.log, self.cursors, self.root / "weights", self.root / "state", self.root / "metrics",
+                     self.jobs, self.report):
+            path.mkdir(parents=True, exist_ok=True)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text` so a reader sees the old or the new content, never a torn one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,134 @@
+"""Procedurally generated integer arithmetic: ``"12+34="`` -> ``"46"``.
+
+Difficulty knobs:
+- ``digits``: every operand is drawn uniformly from ``[0, 10**digits)`` (so fewer digits occur too);
+- ``operands``: how many numbers per expression (>= 2);
+- ``ops``: the operators to draw from, any non-empty subset of ``"+-*"``, one drawn per gap.
+
+Expressions are evaluated with the usual precedence (``*`` before ``+``/``-``, then left to right),
+exactly as Python would; subtraction may give negative answers (``"3-15="`` -> ``"-12"``).
+
+Prompts carry no spaces; the answer is the plain decimal integer. ``score`` is exact string match of
+the response (surrounding whitespace and a trailing ``<eos>`` text are ignored), never evaluates the
+response, and rejects over-long strings before looking at them, so it is O(answer length).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+
+EOS_TEXT = "<eos>"
+_MAX_RESPONSE_CHARS = 64
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt_id: str  # stable across processes: task tag + prompt text hash
+    prompt: str  # "12+34="
+    answer: str  # "46"
+    privileged: str  # what the critic may see (the reference answer)
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+def _evaluate(nums: list[int], ops: list[str]) -> int:
+    """Standard precedence: fold ``*`` runs into terms, then sum terms left to right with signs."""
+    total, term, sign = 0, nums[0], 1
+    for op, n in zip(ops, nums[1:]):
+        if op == "*":
+            term *= n
+        else:
+            total += sign * term
+            sign, term = (1 if op == "+" else -1), n
+    return total + sign * term
+
+
+class ArithTask:
+    name = "arith"
+
+    def __init__(self, digits: int = 2, operands: int = 2, ops: str = "+", heldout_size: int = 200,
+                 seed: int = 1234):
+        if not 1 <= digits <= 9:
+            raise ValueError("digits must be in 1..9")
+        if operands < 2:
+            raise ValueError("operands must be >= 2")
+        if not ops or set(ops) - set("+-*"):
+            raise ValueError(f"ops must be a non-empty subset of '+-*', got {ops!r}")
+        self.digits, self.operands, self.seed = digits, operands, seed
+        self.ops = "".join(dict.fromkeys(ops))  # dedupe, keep order
+        self.heldout_size = heldout_size
+        self.space_size = (10 ** digits) ** operands * len(self.ops) ** (operands - 1)
+        if heldout_size > self.space_size // 2:
+            raise ValueError(f"heldout_size {heldout_size} exceeds half of the {self.space_size} possible problems")
+        self._tag = f"arith-d{digits}-n{operands}-{self.ops}"
+        rng = random.Random(f"{self._tag}-heldout-{seed}")
+        held: dict[str, Problem] = {}
+        while len(held) < heldout_size:
+            p = self._draw(rng)
+            held.setdefault(p.prompt, p)
+        self._heldout = list(held.values())
+        self._heldout_prompts = frozenset(held)
+
+    # ------------------------------------------------------------------ problems
+    def _draw(self, rng: random.Random) -> Problem:
+        hi = 10 ** self.digits - 1
+        nums = [rng.randint(0, hi) for _ in range(self.operands)]
+        ops = [rng.choice(self.ops) for _ in range(self.operands - 1)]
+        return self.make_problem(nums, ops)
+
+    def make_problem(self, nums: list[int], ops: list[str]) -> Problem:
+        prompt = str(nums[0]) + "".join(op + str(n) for op, n in zip(ops, nums[1:])) + "="
+        answer = str(_evaluate(nums, ops))
+        pid = f"{self._tag}:{hashlib.sha1(prompt.encode()).hexdigest()[:12]}"
+        return Problem(prompt_id=pid, prompt=prompt, answer=answer, privileged=answer)
+
+    def sample(self, rng: random.Random, n: int) -> list[Problem]:
+        """``n`` training problems (repeats possible), never one of the held-out prompts."""
+        out = []
+        while len(out) < n:
+            p = self._draw(rng)
+            if p.prompt not in self._heldout_prompts:
+                out.append(p)
+        return out
+
+    def heldout(self) -> list[Problem]:
+        """The fixed evaluation set: same for every process given the constructor arguments."""
+        return list(self._heldout)
+
+    def is_heldout(self, problem: Problem) -> bool:
+        return problem.prompt in self._heldout_prompts
+
+    # ------------------------------------------------------------------ verifier
+    def score(self, problem: Problem, response_text: str) -> float:
+        """1.0 iff the response is exactly the answer (modulo whitespace / a trailing ``<eos>``)."""
+        if not isinstance(response_text, str) or len(response_text) > _MAX_RESPONSE_CHARS:
+            return 0.0
+        text = response_text.strip()
+        if text.endswith(EOS_TEXT):
+            text = text[: -len(EOS_TEXT)].rstrip()
+        return 1.0 if text == problem.answer else 0.0
+
+    def solution(self, problem: Problem) -> str:
+        """Target response text for supervised warm start (the caller appends eos)."""
+        return problem.answer
+
+    def max_answer_chars(self) -> int:
+        """Longest possible answer in characters (sign included): a safe ``max_new_tokens - 1``."""
+        hi = 10 ** self.digits - 1
+        biggest = hi ** self.operands if "*" in self.ops else hi * self.operands
+        return len(str(biggest)) + (1 if "-" in self.ops else 0)
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "digits": self.digits,
+            "operands": self.operands,
+            "ops": self.ops,
+            "precedence": "standard (* before +/-, left to right)",
+            "heldout_size": self.heldout_size,
+            "seed": self.seed,
+            "space_size": self.space_size,
+            "max_answer_chars": self.max_answer_chars(),
+            "prompt_example": self._heldout[0].prompt if self._heldout else None,
+        }

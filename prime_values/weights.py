@@ -1,0 +1,167 @@
+"""Versioned weights: publish complete directories, adopt only complete versions (DESIGN.md §2).
+
+Layout: `<root>/<v>/` (e.g. `<run>/weights/policy/3/`) holds whatever `save(dir)` writes (safetensors,
+config, tokenizer), plus `<root>/LATEST`, a text file with the newest complete version. A version dir
+is built under a temp name (`.tmp-<v>-<pid>`, not parseable as a version), fsync'd, renamed into place,
+and only then is LATEST atomically replaced: a reader following LATEST never sees a partial model.
+
+No torch here: callers pass `save` / `load` callables, so the log and the trainers share one mechanism.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Generic, TypeVar
+
+from prime_values.log.fsutil import fsync_dir, io_error, write_atomic
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def version_dir(root: Path, v: int) -> Path:
+    return Path(root) / str(v)
+
+
+def latest_version(root: Path) -> int | None:
+    """Version LATEST points to; None before the first publication."""
+    path = Path(root) / "LATEST"
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    if not text.isdigit():
+        raise ValueError(f"{path} holds {text!r}, not a version number; rewrite it with the newest complete version")
+    return int(text)
+
+
+def versions(root: Path) -> list[int]:
+    """Complete versions on disk, ascending (temp dirs never parse as versions)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def _fsync_tree(path: Path) -> None:
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def publish(root: Path, version: int, save: Callable[[Path], None]) -> Path:
+    """Write version `version` with `save(dir)` and point LATEST at it; returns the version dir.
+
+    Versions must increase across restarts (a consumer holding v must never be offered an older or a
+    different v), so a version <= LATEST is refused.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    current = latest_version(root)
+    if current is not None and version <= current:
+        raise ValueError(f"refusing to publish version {version} to {root}: LATEST is already {current} "
+                         f"and versions must increase")
+    for stale in root.glob(".tmp-*-*"):  # left by a crashed publisher
+        if stale.name.rsplit("-", 1)[-1].isdigit() and not _pid_alive(int(stale.name.rsplit("-", 1)[-1])):
+            shutil.rmtree(stale, ignore_errors=True)
+    final, tmp = version_dir(root, version), root / f".tmp-{version}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+        save(tmp)
+        _fsync_tree(tmp)
+        if final.exists():  # renamed by a publisher that crashed before LATEST: never adopted, replace it
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        fsync_dir(root)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise io_error(e, final, "publish weights") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    write_atomic(root / "LATEST", f"{version}\n".encode())
+    return final
+
+
+def prune(root: Path, keep: int, protect: tuple[int, ...] = (0,)) -> list[int]:
+    """Remove all but the newest `keep` versions, never LATEST's nor `protect`ed ones; returns removed.
+
+    A version is renamed away before deletion so it disappears at once instead of being visible half
+    deleted; an Adopter loading it at that moment retries with the new LATEST.
+    """
+    assert keep >= 1, f"keep must be >= 1, got {keep}"
+    root = Path(root)
+    have = versions(root)
+    spared = set(have[-keep:]) | set(protect) | {latest_version(root)}
+    removed = []
+    for v in have:
+        if v in spared:
+            continue
+        doomed = root / f".del-{v}-{os.getpid()}"
+        try:
+            os.rename(version_dir(root, v), doomed)
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
+        removed.append(v)
+    return removed
+
+
+class Adopter(Generic[T]):
+    """Holds the newest published version of some weights, loading a new one when LATEST moves.
+
+    `version` is None until the first adoption; `value` is what `load(dir)` returned for it.
+    """
+
+    def __init__(self, root: Path, load: Callable[[Path], T]):
+        self.root, self.load = Path(root), load
+        self.version: int | None = None
+        self.value: T | None = None
+
+    def poll(self) -> bool:
+        """Adopt LATEST if it is newer than the held version; True when a new version was adopted."""
+        while True:
+            v = latest_version(self.root)
+            if v is None or (self.version is not None and v <= self.version):
+                return False
+            try:
+                value = self.load(version_dir(self.root, v))
+            except Exception:
+                if version_dir(self.root, v).exists() or latest_version(self.root) == v:
+                    raise  # a real load failure, not a version pruned under our feet
+                log.info("version %d in %s was pruned while loading; retrying with the new LATEST", v, self.root)
+                continue
+            self.version, self.value = v, value
+            return True
+
+    def wait(self, timeout_s: float, stop: Callable[[], bool] | None = None, interval_s: float = 0.1) -> bool:
+        """Poll until some version is held. False if `stop()` turned true first; TimeoutError after timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while not (self.poll() or self.version is not None):
+            if stop is not None and stop():
+                return False
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no weights published under {self.root} within {timeout_s:.0f} s "
+                                   f"(is the publishing role running?)")
+            time.sleep(interval_s)
+        return True

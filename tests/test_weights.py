@@ -1,0 +1,133 @@
+"""Versioned weights: publish complete dirs, adopt only complete versions, survive pruning."""
+
+import errno
+import os
+import threading
+
+import pytest
+
+from prime_values.weights import Adopter, latest_version, prune, publish, version_dir, versions
+
+
+def save_text(text):
+    def save(d):
+        (d / "weights.txt").write_text(text)
+        (d / "config.json").write_text("{}")
+    return save
+
+
+def load_text(d):
+    return (d / "weights.txt").read_text()
+
+
+def test_publish_and_adopt_a_real_tiny_model(tmp_path):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    cfg = Qwen3Config(hidden_size=32, num_hidden_layers=1, vocab_size=32, intermediate_size=64,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    root = tmp_path / "weights" / "policy"
+    adopter = Adopter(root, AutoModelForCausalLM.from_pretrained)
+    assert not adopter.poll() and adopter.version is None
+    path = publish(root, 0, model.save_pretrained)
+    assert path == version_dir(root, 0) and (path / "model.safetensors").exists() and (path / "config.json").exists()
+    assert latest_version(root) == 0 and (root / "LATEST").read_text().strip() == "0"
+    assert adopter.poll() and adopter.version == 0
+    for (name, p), q in zip(model.state_dict().items(), adopter.value.state_dict().values()):
+        assert torch.equal(p, q), name
+    assert sorted(os.listdir(root)) == ["0", "LATEST"]  # no temp dirs left behind
+
+
+def test_versions_are_monotonic_across_restarts(tmp_path):
+    publish(tmp_path, 3, save_text("v3"))
+    for v in (3, 2):  # a fresh process knows nothing but the disk
+        with pytest.raises(ValueError, match=f"refusing to publish version {v} to {tmp_path}: LATEST is already 3"):
+            publish(tmp_path, v, save_text("again"))
+    assert load_text(version_dir(tmp_path, 3)) == "v3"
+    publish(tmp_path, 4, save_text("v4"))
+    assert latest_version(tmp_path) == 4 and versions(tmp_path) == [3, 4]
+
+
+def test_crash_in_save_never_exposes_an_incomplete_version(tmp_path):
+    publish(tmp_path, 1, save_text("v1"))
+
+    def half_save(d):
+        (d / "model.safetensors").write_bytes(b"\0" * 100)
+        raise RuntimeError("killed mid-save")
+
+    with pytest.raises(RuntimeError, match="killed mid-save"):
+        publish(tmp_path, 2, half_save)
+    assert latest_version(tmp_path) == 1 and sorted(os.listdir(tmp_path)) == ["1", "LATEST"]
+
+    def full_disk(d):
+        (d / "model.safetensors").write_bytes(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match=r"publish weights .*2 \(No space left on device\); free disk space") as e:
+        publish(tmp_path, 2, full_disk)
+    assert e.value.errno == errno.ENOSPC
+    assert latest_version(tmp_path) == 1 and sorted(os.listdir(tmp_path)) == ["1", "LATEST"]
+    # a dead publisher's temp dir and a renamed-but-never-pointed-to version are cleaned up by the next publish
+    (tmp_path / ".tmp-2-999999999").mkdir()
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "junk").write_text("x")
+    publish(tmp_path, 2, save_text("v2"))
+    assert sorted(os.listdir(tmp_path)) == ["1", "2", "LATEST"]
+    assert sorted(os.listdir(tmp_path / "2")) == ["config.json", "weights.txt"]
+
+
+def test_prune_keeps_newest_latest_and_protected(tmp_path):
+    for v in range(6):
+        publish(tmp_path, v, save_text(f"v{v}"))
+    assert prune(tmp_path, keep=2) == [1, 2, 3]
+    assert versions(tmp_path) == [0, 4, 5]
+    assert prune(tmp_path, keep=1, protect=()) == [0, 4]
+    assert versions(tmp_path) == [5] and latest_version(tmp_path) == 5
+    (tmp_path / "LATEST").write_text("5\n")
+    (tmp_path / "9").mkdir()  # a newer dir LATEST does not point to (crashed publisher): LATEST's is still kept
+    assert prune(tmp_path, keep=1, protect=()) == [] and versions(tmp_path) == [5, 9]
+
+
+def test_adopter_adopts_only_newer_versions(tmp_path):
+    loads = []
+    adopter = Adopter(tmp_path, lambda d: loads.append(d.name) or load_text(d))
+    assert adopter.poll() is False and adopter.value is None
+    publish(tmp_path, 1, save_text("one"))
+    assert adopter.poll() and (adopter.version, adopter.value) == (1, "one")
+    assert adopter.poll() is False and loads == ["1"]
+    publish(tmp_path, 2, save_text("two"))
+    publish(tmp_path, 3, save_text("three"))
+    assert adopter.poll() and (adopter.version, adopter.value) == (3, "three") and loads == ["1", "3"]
+
+
+def test_adopter_survives_a_version_pruned_while_loading(tmp_path):
+    publish(tmp_path, 1, save_text("one"))
+
+    def racing_load(d):
+        if d.name == "1":  # the trainer publishes 2 and prunes 1 while we are reading it
+            publish(tmp_path, 2, save_text("two"))
+            prune(tmp_path, keep=1, protect=())
+        return load_text(d)
+
+    adopter = Adopter(tmp_path, racing_load)
+    assert adopter.poll() and (adopter.version, adopter.value) == (2, "two")
+
+    def broken(d):
+        raise ValueError("bad config")
+
+    publish(tmp_path, 3, save_text("three"))
+    with pytest.raises(ValueError, match="bad config"):  # a real load failure is not swallowed
+        Adopter(tmp_path, broken).poll()
+
+
+def test_adopter_wait(tmp_path):
+    adopter = Adopter(tmp_path, load_text)
+    with pytest.raises(TimeoutError, match=f"no weights published under {tmp_path}"):
+        adopter.wait(timeout_s=0.05, interval_s=0.01)
+    assert adopter.wait(timeout_s=5, stop=lambda: True) is False
+    t = threading.Timer(0.05, publish, (tmp_path, 0, save_text("zero")))
+    t.start()
+    assert adopter.wait(timeout_s=5, interval_s=0.01) and adopter.value == "zero"
+    t.join()
