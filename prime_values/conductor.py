@@ -8,13 +8,14 @@ asks them to stop through the control file they all poll.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
-from prime_values.launch import entry, make_executor, resolve_devices
+from prime_values.launch import entry, kill_tree, make_executor, resolve_devices
 from prime_values.monitor import MetricsTail
 from prime_values.rundir import RunDir, write_atomic
 
@@ -85,7 +86,7 @@ class Fleet:
         while self.running() and time.time() < deadline:
             time.sleep(0.2)
         for role_job in self.running():
-            role_job.job._process.kill()  # last resort: never leave a process behind
+            kill_tree(int(role_job.job.job_id))  # last resort: never leave a process behind (job_id is the pid)
 
 
 def failure_message(role_job: RoleJob) -> str:
@@ -151,13 +152,19 @@ def prepare(cfg) -> tuple[RunDir, object]:
     write_atomic(run.config, OmegaConf.to_yaml(cfg))
     if run.stop_requested():
         run.stop_file.unlink()  # a rerun in the same directory resumes
+    run.register_conductor(watch=cfg.launcher.name == "local")
     return run, cfg
+
+
+def _terminate_gracefully(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM: stop the roles like Ctrl-C does
 
 
 def conduct(cfg) -> dict:
     from prime_values.report import format_summary, summarise
 
     run, cfg = prepare(cfg)
+    signal.signal(signal.SIGTERM, _terminate_gracefully)
     fleet = Fleet(run, cfg)
     progress = Progress(run, cfg.steps)
     print(f"prime_values: run directory {run.root}", flush=True)

@@ -63,6 +63,34 @@ class RunDir:
     def stop_requested(self) -> bool:
         return self.stop_file.exists()
 
+    @property
+    def conductor_file(self) -> Path:
+        return self.root / "control" / "conductor.json"
+
+    def register_conductor(self, watch: bool) -> None:
+        """Record the conductor's pid; with `watch`, roles stop if that process disappears."""
+        self.conductor_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.conductor_file, json.dumps({"pid": os.getpid(), "host": os.uname().nodename,
+                                                      "watch": watch}))
+
+    def conductor_alive(self) -> bool:
+        now = time.time()
+        if now - getattr(self, "_conductor_checked", 0.0) < 1.0:  # at most one check a second
+            return getattr(self, "_conductor_ok", True)
+        self._conductor_checked, self._conductor_ok = now, True
+        try:
+            info = json.loads(self.conductor_file.read_text())
+        except (OSError, ValueError):
+            return True  # no conductor recorded (a role started by hand or by a test)
+        if info.get("watch") and info.get("host") == os.uname().nodename:
+            try:
+                os.kill(info["pid"], 0)
+            except ProcessLookupError:
+                self._conductor_ok = False
+            except PermissionError:
+                pass
+        return self._conductor_ok
+
     def mkdirs(self) -> None:
         for path in (self.log, self.cursors, self.root / "weights", self.root / "state", self.root / "metrics",
                      self.jobs, self.report):

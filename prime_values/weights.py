@@ -80,8 +80,9 @@ def publish(root: Path, version: int, save: Callable[[Path], None]) -> Path:
     if current is not None and version <= current:
         raise ValueError(f"refusing to publish version {version} to {root}: LATEST is already {current} "
                          f"and versions must increase")
-    for stale in root.glob(".tmp-*-*"):  # left by a crashed publisher
-        if stale.name.rsplit("-", 1)[-1].isdigit() and not _pid_alive(int(stale.name.rsplit("-", 1)[-1])):
+    for stale in [*root.glob(".tmp-*-*"), *root.glob(".del-*-*")]:  # left by a crashed publish / prune
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     final, tmp = version_dir(root, version), root / f".tmp-{version}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -51,7 +51,8 @@ def test_to_table_validates_keys_and_roundtrips():
     assert back.keys() == r.keys() and back["token_ids"] == r["token_ids"]
     np.testing.assert_allclose(back["sampling_logprobs"], r["sampling_logprobs"], rtol=1e-6)
     # numpy arrays are accepted as per-token fields
-    t = to_table("values", [dict(rollout_id="a", critic_version=3, values=np.ones(4, np.float32), cut=False, scored_at=1.0)])
+    row = dict(rollout_id="a", critic_version=3, values=np.ones(4, np.float32), cut=False, scored_at=1.0)
+    t = to_table("values", [row])
     assert t.column("values").to_pylist() == [[1.0] * 4]
 
 
@@ -59,6 +60,7 @@ def test_segment_roundtrip_metadata_and_ecosystem_readability(log):
     with SegmentWriter(log / "rollouts", "s0", "rollouts") as w:
         assert [w.append(rows(0)), w.append(rows(3))] == [0, 1]
     shard = log / "rollouts" / "s0"
+    (shard / ".000000000002.arrow.tmp").write_bytes(b"a crashed writer's partial segment")
     assert sorted(p.name for p in shard.glob("*.arrow")) == ["000000000000.arrow", "000000000001.arrow"]
     t = read_segment(shard / "000000000001.arrow", "rollouts")
     assert to_rows(t)[0]["rollout_id"] == "s0-3"

@@ -71,6 +71,7 @@ def test_crash_in_save_never_exposes_an_incomplete_version(tmp_path):
     assert latest_version(tmp_path) == 1 and sorted(os.listdir(tmp_path)) == ["1", "LATEST"]
     # a dead publisher's temp dir and a renamed-but-never-pointed-to version are cleaned up by the next publish
     (tmp_path / ".tmp-2-999999999").mkdir()
+    (tmp_path / ".del-1-999999999").mkdir()
     (tmp_path / "2").mkdir()
     (tmp_path / "2" / "junk").write_text("x")
     publish(tmp_path, 2, save_text("v2"))

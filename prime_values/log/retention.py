@@ -27,7 +27,8 @@ def apply_retention(stream_dir: Path, cursor_dir: Path, consumers: list[str],
     stream_dir = Path(stream_dir)
     cursors = [load_cursor(Path(cursor_dir) / f"{c}.json").get(stream_dir.name, {}) for c in consumers]
     now, deleted = time.time(), 0
-    shards = [p for p in stream_dir.iterdir() if p.is_dir() and not p.name.startswith(".")] if stream_dir.is_dir() else []
+    shards = [p for p in stream_dir.iterdir() if p.is_dir() and not p.name.startswith(".")] if stream_dir.is_dir() \
+        else []
     for shard_dir in shards:
         seqs = list_seqs(shard_dir)
         passed = min((c.get(shard_dir.name, 0) for c in cursors), default=float("inf"))

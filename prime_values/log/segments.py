@@ -194,7 +194,8 @@ def _decode(path: Path, data: bytes, kind: str | None) -> pa.Table:
     if seg_kind not in SCHEMAS or not reader.schema.equals(SCHEMAS[seg_kind]):
         raise CorruptSegment(path, f"columns do not match the {seg_kind!r} schema")
     # checksum the record batch messages: from after the schema message to before the footer
-    (cont, schema_len), (footer_len,) = struct.unpack_from("<Ii", data, 8), struct.unpack_from("<i", data, len(data) - 10)
+    cont, schema_len = struct.unpack_from("<Ii", data, 8)
+    (footer_len,) = struct.unpack_from("<i", data, len(data) - 10)
     start, end = 16 + schema_len, len(data) - 10 - footer_len
     if cont != 0xFFFFFFFF or not 16 < start <= end <= len(data) - 10:
         raise CorruptSegment(path, "inconsistent IPC framing")
@@ -230,7 +231,8 @@ def load_cursor(path: Path) -> dict[str, dict[str, int]]:
     except FileNotFoundError:
         return {}
     except ValueError as e:
-        raise ValueError(f"cursor file {path} is not valid JSON ({e}); delete it to re-read the log from the start") from e
+        raise ValueError(f"cursor file {path} is not valid JSON ({e}); delete it to re-read the log from the start") \
+            from e
 
 
 class LogReader:

@@ -33,6 +33,8 @@ class RoleContext:
         torch.set_num_threads(self.cfg.topology.threads_per_role)
         torch.manual_seed(self.seed())
         self.heartbeat()
+        if os.environ.get("PRIME_VALUES_FAULT") == name:  # a test hook: make this role crash on start
+            raise RuntimeError(f"injected fault in role {name} (PRIME_VALUES_FAULT={name})")
 
     def seed(self, *salt: int) -> int:
         """A seed of this role's own, derived from the run seed (every worker gets a different stream)."""
@@ -45,9 +47,10 @@ class RoleContext:
             self._last_beat = now
 
     def stopping(self) -> bool:
-        """Polled by every loop: the conductor asks roles to stop by writing the control file."""
+        """Polled by every loop: the conductor asks roles to stop by writing the control file. A role of a
+        local run also stops when its conductor process is gone (killed), so no role outlives its run."""
         self.heartbeat()
-        return self.run.stop_requested()
+        return self.run.stop_requested() or not self.run.conductor_alive()
 
     def wait(self, seconds: float = 0.02) -> None:
         time.sleep(seconds)

@@ -37,9 +37,15 @@ def main(run_dir: str) -> None:
         tokenizer, model = AutoTokenizer.from_pretrained(cfg.policy.model), load_policy(cfg.policy.model)
     began = time.time()
     ws = cfg.policy.warm_start
+
+    def on_log(step: int, metrics: dict) -> None:
+        ctx.metrics.log(sft_step=step, **metrics)
+        if ctx.stopping():
+            raise SystemExit(f"warm start stopped at step {step}: the run was stopped")
+
     if ws.steps > 0:
         supervised_warm_start(model, tokenizer, task, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
-                              seed=ctx.seed(), on_log=lambda step, m: ctx.metrics.log(sft_step=step, **m))
+                              seed=ctx.seed(), on_log=on_log, log_every=10)
     model.eval()
     accuracy = heldout_accuracy(model, tokenizer, task, task.heldout(), cfg.inference.max_new_tokens)
     ctx.metrics.log(sft_steps=ws.steps, sft_s=time.time() - began, heldout_accuracy=accuracy)

@@ -1,0 +1,90 @@
+"""The entrypoint: composition, one-line config errors before any job starts, docs from docstrings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prime_values.config import Config, ConfigError, markdown_reference, validate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, cwd: Path = REPO, env: dict | None = None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "prime_values", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_cfg_job_prints_the_composed_config():
+    result = cli("+experiment=arith", "policy.lr=3e-4", "topology=colocated", "--cfg", "job")
+    assert result.returncode == 0, result.stderr
+    for line in ("  lr: 0.0003", "  evaluator: colocated", "  group_size: 8", "  estimator: gae", "steps: 200"):
+        assert line in result.stdout.splitlines(), line
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("policy.lrr=3", "unknown config key 'policy.lrr' (did you mean 'lr'?)"),
+    ("stepz=3", "unknown config key 'stepz' (did you mean 'steps'?)"),
+    ("policy.lr=fast", "config key 'policy.lr'"),
+    ("inference.group_size=1.5", "config key 'inference.group_size'"),
+    ("topology=ring", "no config 'topology/ring'; available: colocated, cpu, dedicated"),
+    ("topology.policy_trainer_device=cuda:3", "topology.policy_trainer_device=cuda:3 asks for a GPU that does not exist"),
+    ("advantage.estimator=ppo", "advantage.estimator='ppo' is not allowed; choose one of gae, grpo"),
+    ("topology.inference_workers=3", "must be divisible by topology.inference_workers=3"),
+])
+def test_config_errors_are_one_line_before_any_job(tmp_path, override, expected):
+    result = cli("+experiment=arith", override, f"hydra.run.dir={tmp_path / 'run'}",
+                 env={"CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prime_values: config error: "), result.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_allowed_keys_are_listed_for_a_typo():
+    result = cli("+experiment=arith", "replay.capasity=3")
+    assert "allowed keys under 'replay.': capacity, max_reuse, min_rollouts" in result.stderr
+
+
+def test_validate_rejects_impossible_sizes():
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.structured(Config)
+    validate(cfg, cuda_count=0)
+    cfg.replay.min_rollouts = cfg.replay.capacity + 1
+    with pytest.raises(ConfigError, match="replay.min_rollouts"):
+        validate(cfg, cuda_count=0)
+    cfg = OmegaConf.structured(Config)
+    cfg.topology.value_trainer_device = "cuda:1"
+    validate(cfg, cuda_count=2)
+    with pytest.raises(ConfigError, match="cuda:0..cuda:0"):
+        validate(cfg, cuda_count=1)
+
+
+def test_every_field_is_documented():
+    rows = markdown_reference()
+    undocumented = [row for row in rows if row.endswith("|  |")]
+    assert not undocumented, undocumented
+    assert any(row.startswith("| `advantage.lambda_value` | `1.0` |") for row in rows)
+
+
+def test_conf_is_found_from_an_installed_package(tmp_path):
+    """A non-editable install (wheel contents, no source tree on the path) composes the same config."""
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--target", str(site), str(REPO)], check=True, capture_output=True, timeout=300)
+    assert (site / "prime_values" / "conf" / "experiment" / "arith.yaml").is_file()
+    assert not (site / "prime_values" / "conf").is_symlink()
+    env = {"PYTHONPATH": str(site)}
+    where = subprocess.run([sys.executable, "-c", "import prime_values; print(prime_values.__file__)"],
+                           cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True)
+    assert where.stdout.startswith(str(site))
+    result = cli("+experiment=arith", "--cfg", "job", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "  evaluator: dedicated" in result.stdout

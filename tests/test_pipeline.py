@@ -1,0 +1,99 @@
+"""End to end: the conductor runs the roles as real subprocesses through submitit; assertions read the run
+directory the roles wrote (the log, weights, metrics, cursors) and /proc for processes left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+
+from prime_values.monitor import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["+experiment=arith", "steps=8", "eval_every=4", "policy.warm_start.steps=10", "task.heldout_size=16",
+         "inference.prompts_per_step=4", "inference.group_size=4", "replay.min_rollouts=16",
+         "critic.batch_rollouts=16", "critic.publish_every=1", "launcher.poll_s=0.2", "launcher.stop_grace_s=20"]
+
+
+def run_pipeline(run_dir: Path, *extra: str, env: dict | None = None, cwd: Path = REPO):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "prime_values", *SMALL, *extra, f"hydra.run.dir={run_dir}"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def stream_table(run_dir: Path, stream: str):
+    return ds.dataset(str(run_dir / "log" / stream), format="arrow").to_table()
+
+
+def assert_roles_did_their_part(run_dir: Path, steps: int, critic: bool) -> None:
+    rollouts = stream_table(run_dir, "rollouts")
+    assert rollouts.num_rows >= steps * 16, "inference logged fewer rollouts than the batches need"
+    assert set(rollouts.column("stop_reason").to_pylist()) <= {"eos", "length"}
+    batches = stream_table(run_dir, "batches")
+    assert sorted(set(batches.column("step").to_pylist())) == list(range(1, steps + 1))
+    trained = [m["step"] for m in read_metrics(run_dir / "metrics" / "policy_trainer.jsonl") if "loss" in m]
+    assert trained == list(range(1, steps + 1)), "batches were not consumed once each, in order"
+    assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == str(steps)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(run_dir / "weights" / "policy" / str(steps))
+    if critic:
+        values = stream_table(run_dir, "values")
+        assert len(set(values.column("critic_version").to_pylist())) >= 2, "the evaluator never adopted a new critic"
+        value_steps = [m for m in read_metrics(run_dir / "metrics" / "value_trainer.jsonl") if "critic_step" in m]
+        assert value_steps and value_steps[-1]["replay_sampled"] > 0, "the replay buffer was never sampled"
+        critic_latest = int((run_dir / "weights" / "critic" / "LATEST").read_text())
+        assert critic_latest >= 2 and critic_latest == value_steps[-1]["critic_version"]
+    else:
+        assert set(batches.column("critic_version").to_pylist()) == {-1}
+        assert not (run_dir / "log" / "values").exists()
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["policy_steps"] == steps
+    assert not processes_mentioning(str(run_dir)), "a role process outlived the run"
+
+
+@pytest.mark.parametrize("topology", ["cpu", "colocated"])
+def test_pipeline_with_critic(tmp_path, topology):
+    run_dir = tmp_path / "run"
+    result = run_pipeline(run_dir, f"topology={topology}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "== prime_values run finished ==" in result.stdout and str(run_dir) in result.stdout
+    assert_roles_did_their_part(run_dir, 8, critic=True)
+    jobs = {p.name for p in (run_dir / "jobs").iterdir()}
+    assert ("evaluator" in jobs) == (topology == "cpu"), jobs
+
+
+def test_pipeline_grpo_starts_no_critic(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_pipeline(run_dir, "advantage=grpo", "steps=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_roles_did_their_part(run_dir, 4, critic=False)
+    assert {p.name for p in (run_dir / "jobs").iterdir()} == {"warm_start", "inference0", "orchestrator",
+                                                              "policy_trainer"}
+
+
+def test_crashing_role_stops_the_run(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_pipeline(run_dir, env={"PRIME_VALUES_FAULT": "orchestrator"})
+    assert result.returncode == 1
+    assert "role orchestrator failed" in result.stderr and "injected fault" in result.stderr
+    assert str(run_dir / "jobs" / "orchestrator") in result.stderr  # the role's log path
+    assert not processes_mentioning(str(run_dir)), "a role process outlived the failed run"
