@@ -8,6 +8,7 @@ asks them to stop through the control file they all poll.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import time
@@ -92,7 +93,10 @@ class Fleet:
 def failure_message(role_job: RoleJob) -> str:
     error = role_job.job.exception()
     text = str(error) if error else f"job ended in state {role_job.job.state}"
-    lines = [line for line in text.strip().splitlines() if line.strip()]
+    # submitit wraps the role's traceback between dashed rulers; its last line is the error itself
+    sections = re.split(r"\n-{10,}\n", text)
+    trace = sections[1] if len(sections) > 2 else text
+    lines = [line for line in trace.strip().splitlines() if line.strip()]
     last = lines[-1].strip() if lines else text
     return f"role {role_job.name} failed: {last} (full log: {role_job.job.paths.stderr})"
 
