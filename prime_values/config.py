@@ -204,6 +204,9 @@ class LogConfig:
     """retention: keep at most this many segments per shard once every consumer has passed them (null = all)"""
     max_age_s: Optional[float] = None
     """retention: delete passed segments older than this (null = never)"""
+    durable_rename: bool = False
+    """also fsync the log directory after publishing each segment, so it survives a power loss (slower appends;
+    visibility is atomic either way)"""
     keep_weights: int = 3
     """published weight versions kept per model (version 0 is always kept)"""
 

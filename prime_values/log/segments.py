@@ -90,8 +90,12 @@ class SegmentWriter:
     seqs.
     """
 
-    def __init__(self, stream_dir: Path, shard: str, kind: str):
+    def __init__(self, stream_dir: Path, shard: str, kind: str, durable_rename: bool = False):
+        """`durable_rename` also fsyncs the directory after each rename, so a published segment survives a
+        power loss (a second journal commit per segment, ~2x slower appends). Visibility is atomic either
+        way: the data is fsync'd before the rename."""
         schema_for(kind)
+        self.durable_rename = durable_rename
         assert shard and "/" not in shard and not shard.startswith("."), f"bad shard name {shard!r}"
         self.kind, self.shard = kind, shard
         self.dir = Path(stream_dir) / shard
@@ -148,10 +152,11 @@ class SegmentWriter:
             tmp.unlink(missing_ok=True)
             raise io_error(e, final, "write segment") from e
         self.next_seq = seq + 1  # visible now: never reuse this seq, even if the dir fsync fails
-        try:
-            fsync_dir(self.dir)
-        except OSError as e:
-            raise io_error(e, final, "make durable segment") from e
+        if self.durable_rename:
+            try:
+                fsync_dir(self.dir)
+            except OSError as e:
+                raise io_error(e, final, "make durable segment") from e
         return seq
 
     def close(self) -> None:

@@ -55,6 +55,18 @@ class RoleContext:
     def wait(self, seconds: float = 0.02) -> None:
         time.sleep(seconds)
 
+    def writer(self, stream: str, shard: str):
+        """The single writer of one shard of a log stream."""
+        from prime_values.log import SegmentWriter
+
+        return SegmentWriter(self.run.stream(stream), shard, stream, durable_rename=self.cfg.log.durable_rename)
+
+    def reader(self, stream: str, consumer: str):
+        """A cursor-keeping reader of every shard of a log stream."""
+        from prime_values.log import LogReader
+
+        return LogReader(self.run.stream(stream), consumer, self.run.cursors, stream)
+
     def mark_done(self, **summary) -> None:
         import json
 

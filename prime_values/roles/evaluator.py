@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from prime_values.log import LogReader, SegmentWriter, to_rows
+from prime_values.log import to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import CriticInputs
 
@@ -20,8 +20,8 @@ class Scorer:
 
     def __init__(self, ctx: RoleContext, tokenizer, consumer: str = "evaluator"):
         self.ctx, self.cfg, self.tokenizer = ctx, ctx.cfg, tokenizer
-        self.reader = LogReader(ctx.run.stream("rollouts"), consumer, ctx.run.cursors, "rollouts")
-        self.writer = SegmentWriter(ctx.run.stream("values"), "e0", "values")
+        self.reader = ctx.reader("rollouts", consumer)
+        self.writer = ctx.writer("values", "e0")
         self.scored = 0
 
     @torch.no_grad()

@@ -11,7 +11,6 @@ import json
 import random
 import time
 
-from prime_values.log import SegmentWriter
 from prime_values.roles.common import RoleContext
 from prime_values.weights import Adopter, latest_version
 
@@ -58,7 +57,7 @@ def main(run_dir: str, worker: int = 0) -> None:
     policy = Adopter(policy_root, lambda path: load_policy(path).to(ctx.device))
     policy.wait(timeout_s=600, stop=ctx.stopping)
     tokenizer = AutoTokenizer.from_pretrained(policy_root / str(policy.version))
-    writer = SegmentWriter(ctx.run.stream("rollouts"), shard, "rollouts")
+    writer = ctx.writer("rollouts", shard)
     prompts_per_chunk = cfg.inference.prompts_per_step // cfg.topology.inference_workers
     chunk = writer.next_seq  # resumes after the last published segment
     paused_s = 0.0

@@ -16,7 +16,7 @@ from collections import deque
 import torch
 
 from prime_values.algo.gae import advantages_and_targets, explained_variance, grpo_advantages, whiten
-from prime_values.log import LogReader, SegmentWriter, to_rows
+from prime_values.log import to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import padded
 
@@ -126,11 +126,11 @@ def main(run_dir: str) -> None:
     ctx = RoleContext(run_dir, "orchestrator")
     cfg = ctx.cfg
     needs_values = cfg.advantage.estimator != "grpo"
-    rollouts = LogReader(ctx.run.stream("rollouts"), "orchestrator", ctx.run.cursors, "rollouts")
-    values = LogReader(ctx.run.stream("values"), "orchestrator.values", ctx.run.cursors, "values") \
+    rollouts = ctx.reader("rollouts", "orchestrator")
+    values = ctx.reader("values", "orchestrator.values") \
         if needs_values else None
-    batches = SegmentWriter(ctx.run.stream("batches"), "main", "batches")
-    targets = SegmentWriter(ctx.run.stream("targets"), "main", "targets") if needs_values else None
+    batches = ctx.writer("batches", "main")
+    targets = ctx.writer("targets", "main") if needs_values else None
     join = GroupJoin(cfg.inference.group_size, needs_values)
     ready: deque[dict] = deque()
     step = batches.next_seq + 1  # batch n is segment n - 1 of the batches stream

@@ -70,7 +70,7 @@ def main(run_dir: str) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
     task = make_task(**cfg.task)
     heldout = task.heldout()
-    reader = LogReader(ctx.run.stream("batches"), "policy_trainer", ctx.run.cursors, "batches")
+    reader = ctx.reader("batches", "policy_trainer")
 
     def evaluate(step: int) -> None:
         model.eval()

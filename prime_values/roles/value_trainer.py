@@ -65,7 +65,7 @@ def main(run_dir: str) -> None:
     optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
     queue = IngestQueue(cfg.replay.queue_size)
     buffer = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_reuse, cfg.replay.sampling, seed=ctx.seed())
-    reader = LogReader(ctx.run.stream("targets"), "value_trainer", ctx.run.cursors, "targets")
+    reader = ctx.reader("targets", "value_trainer")
     stop = threading.Event()
     threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
     scorer = Scorer(ctx, tokenizer) if cfg.topology.evaluator == "colocated" else None
