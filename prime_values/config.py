@@ -340,6 +340,20 @@ def markdown_reference(cls=Config, prefix: str = "") -> list[str]:
     return lines
 
 
+DOC_HEADER = """# Configuration reference
+
+Generated from the dataclass docstrings in `prime_values/config.py` by
+`python -m prime_values.config > docs/configuration.md` (a test checks it is current). Groups under `conf/`
+choose presets; any key can be overridden on the command line, e.g.
+`python -m prime_values +experiment=arith policy.lr=5e-4 topology=colocated`.
+
+| key | default | meaning |
+|---|---|---|"""
+
+
+def configuration_doc() -> str:
+    return DOC_HEADER + "\n" + "\n".join(markdown_reference()) + "\n"
+
+
 if __name__ == "__main__":
-    print("| key | default | meaning |\n|---|---|---|")
-    print("\n".join(markdown_reference()))
+    print(configuration_doc(), end="")

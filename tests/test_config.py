@@ -88,3 +88,10 @@ def test_conf_is_found_from_an_installed_package(tmp_path):
     result = cli("+experiment=arith", "--cfg", "job", cwd=tmp_path, env=env)
     assert result.returncode == 0, result.stderr
     assert "  evaluator: dedicated" in result.stdout
+
+
+def test_configuration_doc_is_current():
+    from prime_values.config import configuration_doc
+
+    assert (REPO / "docs" / "configuration.md").read_text() == configuration_doc(), \
+        "regenerate: python -m prime_values.config > docs/configuration.md"
