@@ -224,7 +224,7 @@ def whiten(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
 
 
 def explained_variance(pred: Tensor, target: Tensor, mask: Tensor) -> float:
-    """EV = 1 − Var(target − pred) / Var(target) over masked entries; nan if Var(target) == 0 (or no entries).
+    """EV = 1 − Var(target − pred) / Var(target) over masked entries; nan if Var(target) ~ 0 (or no entries).
 
     1 is a perfect critic, 0 is no better than the mean, < 0 is worse. [B, T] x2 + mask -> float.
     """
@@ -233,7 +233,7 @@ def explained_variance(pred: Tensor, target: Tensor, mask: Tensor) -> float:
     if target_sel.numel() == 0:
         return float("nan")
     var_target = target_sel.var(unbiased=False)
-    if var_target == 0:
+    if var_target <= 1e-12:  # constant targets (up to float error of the GAE sums): EV is undefined
         return float("nan")
     residual = target_sel - pred[mask].double()
     return float(1.0 - residual.var(unbiased=False) / var_target)

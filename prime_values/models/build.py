@@ -8,6 +8,7 @@ position, computed causally (position ``t`` sees tokens ``<= t`` only).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -20,6 +21,7 @@ from transformers import (
     PreTrainedModel,
     Qwen3Config,
 )
+from transformers.utils import logging as hf_logging
 
 # ~0.85M parameters with the 100-token char vocabulary (tied embeddings).
 DEFAULT_ARCH: dict = dict(
@@ -36,6 +38,18 @@ DEFAULT_ARCH: dict = dict(
 # sdpa and eager measured within noise of each other for these sizes on 2 CPU threads; sdpa is the
 # transformers default and what larger models want.
 ATTN_IMPLEMENTATION = "sdpa"
+
+
+@contextlib.contextmanager
+def _quiet():
+    """No per-file progress bars when roles load/save tiny checkpoints many times."""
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def tiny_config(tokenizer, **arch) -> Qwen3Config:
@@ -85,9 +99,10 @@ def build_tiny_policy(tokenizer, seed: int = 0, **arch) -> PreTrainedModel:
 
 
 def load_policy(path: str | os.PathLike) -> PreTrainedModel:
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
-    )
+    with _quiet():
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+        )
     return model.float().eval()
 
 
@@ -112,16 +127,17 @@ def build_critic(init_from: str | os.PathLike | None, tokenizer, seed: int = 0, 
     cfg = _critic_config(AutoConfig.from_pretrained(str(init_from)))
     cfg._attn_implementation = ATTN_IMPLEMENTATION
     critic = _seeded_from_config(AutoModelForTokenClassification, cfg, seed)
-    policy = AutoModelForCausalLM.from_pretrained(str(init_from), dtype=torch.float32)
+    policy = load_policy(init_from)
     missing, unexpected = critic.model.load_state_dict(policy.model.state_dict(), strict=True)
     assert not missing and not unexpected
     return critic
 
 
 def load_critic(path: str | os.PathLike) -> PreTrainedModel:
-    model = AutoModelForTokenClassification.from_pretrained(
-        str(path), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
-    )
+    with _quiet():
+        model = AutoModelForTokenClassification.from_pretrained(
+            str(path), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+        )
     return model.float().eval()
 
 
@@ -140,9 +156,16 @@ def save_model(model: PreTrainedModel, tokenizer, path: str | os.PathLike) -> No
     """``save_pretrained`` of model (safetensors) and tokenizer into ``path`` (created if needed)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path), safe_serialization=True)
+    with _quiet():
+        model.save_pretrained(str(path), safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))
+        # the generic class name loads in transformers 4.x and 5.x alike (5.x writes "TokenizersBackend")
+        cfg_file = path / "tokenizer_config.json"
+        cfg = json.loads(cfg_file.read_text())
+        if cfg.get("tokenizer_class") == "TokenizersBackend":
+            cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+            cfg_file.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def num_parameters(model) -> int:

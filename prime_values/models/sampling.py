@@ -9,6 +9,8 @@ A hand-written KV-cache decode loop (left-padded prompts, explicit position ids)
 - No top-k / top-p / repetition penalty: the sampling distribution is exactly ``softmax(logits / T)``.
 - ``response_ids`` ends with ``eos_id`` when the model produced it (``stop_reason == "eos"``);
   nothing after the eos is returned. Otherwise ``stop_reason == "length"`` after ``max_new_tokens``.
+- The full vocabulary is sampled, so an untrained model may emit ``pad``/``bos``/``unk`` ids inside a
+  response; trainers must mask by response length (``policy_mask``), never by ``ids != pad``.
 - Deterministic given ``seed`` (a private ``torch.Generator``; the global RNG is not touched) for
   the same inputs, model, batch composition and thread count.
 """

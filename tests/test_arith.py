@@ -1,0 +1,108 @@
+"""Arithmetic task: generation, held-out split, verifier; registry; evaluation helpers and SFT."""
+
+import random
+import time
+
+import pytest
+import torch
+
+from prime_values.tasks import ArithTask, make_task
+
+
+def test_registry():
+    assert isinstance(make_task("arith", digits=1, heldout_size=10), ArithTask)
+    with pytest.raises(ValueError, match="arith"):
+        make_task("nope")
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(digits=3, operands=3, ops="+-*"), dict(digits=1, operands=4, ops="-")])
+def test_answers_are_correct(kw):
+    task = ArithTask(**kw)
+    for p in task.sample(random.Random(0), 300) + task.heldout():
+        expr = p.prompt[:-1]
+        assert p.prompt.endswith("=") and set(expr) <= set("0123456789+-*")
+        # reference check only: these are our own generated expressions, never model output
+        assert int(p.answer) == eval(expr)  # noqa: S307 - python precedence is the documented rule
+        assert p.privileged == p.answer == task.solution(p)
+        assert p.prompt_id.startswith("arith-")
+        assert task.score(p, p.answer) == 1.0
+
+
+def test_score_right_wrong_garbage_and_hostile():
+    task = ArithTask()
+    p = task.make_problem([12, 34], ["+"])
+    assert (p.prompt, p.answer) == ("12+34=", "46")
+    assert task.score(p, "46") == 1.0
+    assert task.score(p, " 46\n") == 1.0
+    assert task.score(p, "46<eos>") == 1.0
+    for bad in ["", "45", "460", "046", "4 6", "46 46", "+46", "46.0", "forty-six", "\x00", "<eos>", "46=46"]:
+        assert task.score(p, bad) == 0.0, bad
+    assert task.score(p, None) == 0.0
+    hostile = ["9" * 10_000_000, "(" * 1_000_000, "1" + "0" * 5000, "__import__('os').system('true')",
+               "9**9**9**9", "46" + " " * 1_000_000]
+    t0 = time.perf_counter()
+    for h in hostile:
+        assert task.score(p, h) == 0.0
+    assert time.perf_counter() - t0 < 0.1
+    neg = task.make_problem([3, 15], ["-"])
+    assert neg.answer == "-12" and task.score(neg, "-12") == 1.0 and task.score(neg, "12") == 0.0
+    prec = task.make_problem([2, 3, 4], ["+", "*"])
+    assert prec.answer == "14"
+
+
+def test_heldout_fixed_and_disjoint():
+    a, b = ArithTask(seed=7), ArithTask(seed=7)
+    assert [p.prompt for p in a.heldout()] == [p.prompt for p in b.heldout()]
+    assert len({p.prompt for p in a.heldout()}) == 200
+    assert [p.prompt for p in ArithTask(seed=8).heldout()] != [p.prompt for p in a.heldout()]
+    held = {p.prompt for p in a.heldout()}
+    train = a.sample(random.Random(0), 20_000)
+    assert not held & {p.prompt for p in train}
+    assert all(not a.is_heldout(p) for p in train[:100]) and all(a.is_heldout(p) for p in a.heldout()[:100])
+    with pytest.raises(ValueError):
+        ArithTask(digits=1, operands=2, heldout_size=100)  # only 100 problems exist
+
+
+def test_sample_deterministic_given_rng():
+    task = ArithTask(digits=2, operands=3, ops="+-")
+    x = task.sample(random.Random(3), 50)
+    y = task.sample(random.Random(3), 50)
+    z = task.sample(random.Random(4), 50)
+    assert x == y and x != z
+    assert len(x) == 50
+    d = task.describe()
+    assert d["name"] == "arith" and d["digits"] == 2 and d["operands"] == 3 and d["ops"] == "+-"
+    assert d["max_answer_chars"] >= max(len(p.answer) for p in task.sample(random.Random(0), 2000))
+
+
+def test_bad_knobs():
+    for kw in [dict(ops="/"), dict(ops=""), dict(operands=1), dict(digits=0)]:
+        with pytest.raises(ValueError):
+            ArithTask(**kw)
+
+
+def test_short_sft_reduces_loss_and_heldout_accuracy_runs():
+    from prime_values.models import build_char_tokenizer, build_tiny_policy
+    from prime_values.roles.evaluation import heldout_accuracy, sft_batch, sft_loss, supervised_warm_start
+
+    torch.manual_seed(0)
+    tok = build_char_tokenizer()
+    task = ArithTask(digits=2, heldout_size=50)
+    model = build_tiny_policy(tok, seed=0, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                              head_dim=32, intermediate_size=128)
+    probe = task.sample(random.Random(123), 64)
+    ids, mask, labels = sft_batch(tok, task, probe)
+    # labels only on the answer digits and the eos
+    assert int((labels != -100).sum()) == sum(len(p.answer) + 1 for p in probe)
+    assert int((labels == tok.eos_token_id).sum()) == len(probe)
+    with torch.no_grad():
+        before = float(sft_loss(model, ids, mask, labels)[0])
+    logs = []
+    out = supervised_warm_start(model, tok, task, steps=30, batch_size=32, lr=3e-3, seed=0,
+                                on_log=lambda s, m: logs.append((s, m)), log_every=10)
+    with torch.no_grad():
+        after = float(sft_loss(model, ids, mask, labels)[0])
+    assert after < before - 0.5, (before, after)
+    assert [s for s, _ in logs] == [10, 20, 30] and out["step"] == 30
+    acc = heldout_accuracy(model, tok, task, task.heldout(), max_new_tokens=4)
+    assert 0.0 <= acc <= 1.0
