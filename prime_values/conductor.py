@@ -117,8 +117,8 @@ class Progress:
         policy, orch, critic = (self.tails[n].last for n in ("policy_trainer", "orchestrator", "value_trainer"))
         warm = self.tails["warm_start"].last
         elapsed = time.time() - self.started
-        if not policy and warm:
-            return f"[{elapsed:6.0f}s] warm start: step {warm.get('sft_step', 0)} loss {warm.get('loss', float('nan')):.3f}"
+        if not policy and "sft_step" in warm:
+            return f"[{elapsed:6.0f}s] warm start: step {warm['sft_step']} loss {warm['loss']:.3f}"
         parts = [f"[{elapsed:6.0f}s] policy step {policy.get('step', 0)}/{self.steps}"]
         if "reward_mean" in policy:
             parts.append(f"reward {policy['reward_mean']:.2f}")

@@ -77,19 +77,28 @@ def sft_loss(model, ids, mask, labels) -> tuple[torch.Tensor, dict]:
 def supervised_warm_start(model, tokenizer, task, steps: int, batch_size: int = 128, lr: float = 2e-3,
                           seed: int = 0, on_log: Callable[[int, dict], None] | None = None,
                           log_every: int = 50, warmup_steps: int = 10, weight_decay: float = 0.0,
-                          grad_clip: float = 1.0) -> dict:
+                          grad_clip: float = 1.0, stop_at_accuracy: float | None = None,
+                          check_every: int = 25, val_size: int = 200) -> dict:
     """SFT on freshly generated training problems (never held-out ones): cross-entropy on the
     solution and eos tokens only, AdamW, linear warm-up then constant ``lr``.
 
+    ``stop_at_accuracy``: every ``check_every`` steps, greedy-decode a fixed validation sample of
+    ``val_size`` *training-distribution* problems (not the held-out set) and stop as soon as its
+    accuracy reaches the target; ``steps`` is then a cap. Tiny models learn arithmetic through a
+    sharp, seed-dependent phase transition, so a fixed step count lands anywhere between 5% and 80%;
+    the target makes the warm start land in a band.
+
     Returns the metrics of the last step (``loss``, ``token_acc``, ``seq_acc_tf`` = teacher-forced
-    exact-sequence accuracy, ``step``, ``elapsed_s``). ``on_log(step, metrics)`` is called every
-    ``log_every`` steps and after the last one. Leaves the model in train mode.
+    exact-sequence accuracy, ``step``, ``elapsed_s``, and ``val_acc`` / ``stopped_early`` when a
+    target is set). ``on_log(step, metrics)`` is called every ``log_every`` steps and after the last
+    one. Leaves the model in train mode.
     """
     rng = random.Random(f"sft-{seed}")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0)
+    val = task.sample(random.Random(f"sft-val-{seed}"), val_size) if stop_at_accuracy is not None else []
     t0 = time.perf_counter()
     metrics: dict = {"step": 0, "elapsed_s": 0.0}
     for step in range(1, steps + 1):
@@ -104,6 +113,14 @@ def supervised_warm_start(model, tokenizer, task, steps: int, batch_size: int = 
         if not math.isfinite(m["loss"]):
             raise FloatingPointError(f"SFT loss is {m['loss']} at step {step}")
         metrics = {**m, "step": step, "lr": sched.get_last_lr()[0], "elapsed_s": time.perf_counter() - t0}
-        if on_log is not None and (step % log_every == 0 or step == steps):
+        stop = False
+        if stop_at_accuracy is not None and (step % check_every == 0 or step == steps):
+            metrics["val_acc"] = heldout_accuracy(model, tokenizer, task, val)
+            model.train()
+            stop = metrics["val_acc"] >= stop_at_accuracy
+            metrics["stopped_early"] = stop and step < steps
+        if on_log is not None and (step % log_every == 0 or step == steps or stop):
             on_log(step, metrics)
+        if stop:
+            break
     return metrics
