@@ -1,0 +1,136 @@
+"""The pieces the role loops are made of, on hand-built records: joining, advantages, batches, critic inputs,
+metrics tailing, device assignment."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from prime_values.config import Config
+from prime_values.launch import descendants, resolve_devices
+from prime_values.monitor import MetricsTail
+from prime_values.roles.critic_io import CriticInputs
+from prime_values.roles.orchestrator import GroupJoin, batch_rows, score_group
+
+
+def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 2), version=0) -> dict:
+    return {"rollout_id": rid, "group_id": group, "policy_version": version, "reward": reward,
+            "token_ids": [*prompt, *response], "policy_mask": [0] * len(prompt) + [1] * len(response),
+            "sampling_logprobs": [0.0] * len(prompt) + [-0.5] * len(response), "privileged": "42"}
+
+
+def values_row(rid: str, values: list[float], version: int = 3) -> dict:
+    return {"rollout_id": rid, "critic_version": version, "values": values, "cut": False, "scored_at": 0.0}
+
+
+def test_group_waits_for_every_rollout_and_every_value():
+    join = GroupJoin(group_size=2, needs_values=True)
+    join.add_rollouts([rollout("a", "g", 1.0)])
+    join.add_values([values_row("a", [0, 0, .5, .5, .5])])
+    assert join.pop_complete() == []  # one rollout of the group missing
+    join.add_rollouts([rollout("b", "g", 0.0)])
+    assert join.pop_complete() == [] and join.waiting_rollouts == 2  # b has no values yet
+    join.add_values([values_row("b", [0, 0, .25, .25, .25])])
+    [(rollouts, values)] = join.pop_complete()
+    assert [r["rollout_id"] for r in rollouts] == ["a", "b"] and [v["rollout_id"] for v in values] == ["a", "b"]
+    assert join.waiting_rollouts == 0
+
+
+def test_gae_advantages_with_lambda_one_are_return_minus_value():
+    cfg = OmegaConf.structured(Config)
+    rollouts = [rollout("a", "g", 1.0), rollout("b", "g", 0.0)]
+    values = [values_row("a", [9, 9, .5, .75, 1.0]), values_row("b", [9, 9, .25, .5, .0])]
+    scored = score_group(rollouts, values, cfg)
+    # gamma = lambda = 1: A_t = R - V_t on policy tokens, 0 on the prompt (whatever the value there)
+    assert torch.allclose(scored["advantages"], torch.tensor([[0, 0, .5, .25, 0], [0, 0, -.25, -.5, 0]]))
+    assert torch.allclose(scored["targets"], torch.tensor([[0, 0, 1., 1., 1.], [0, 0, 0, 0, 0]]))
+
+
+def test_grpo_advantages_need_no_values():
+    cfg = OmegaConf.structured(Config)
+    cfg.advantage.estimator = "grpo"
+    scored = score_group([rollout("a", "g", 1.0), rollout("b", "g", 0.0)], None, cfg)
+    assert torch.allclose(scored["advantages"], torch.tensor([[0, 0, .5, .5, .5], [0, 0, -.5, -.5, -.5]]))
+    assert scored["targets"] is None
+
+
+def test_batch_rows_carry_provenance_and_unpadded_advantages():
+    cfg = OmegaConf.structured(Config)
+    short = rollout("b", "g", 0.0, response=(7, 2))
+    rollouts = [rollout("a", "g", 1.0, version=4), short]
+    values = [values_row("a", [0, 0, .5, .5, .5], version=7), values_row("b", [0, 0, .5, .5], version=8)]
+    groups = [{"rollouts": rollouts, "values": values, "scored": score_group(rollouts, values, cfg)}]
+    rows = batch_rows(5, groups, whiten_advantages=False)
+    assert [r["step"] for r in rows] == [5, 5]
+    assert [r["policy_version"] for r in rows] == [4, 0] and [r["critic_version"] for r in rows] == [7, 8]
+    assert rows[1]["advantages"] == pytest.approx([0, 0, -.5, -.5]) and len(rows[1]["token_ids"]) == 4
+
+
+class PositionCritic(torch.nn.Module):
+    """A fake causal critic whose value at position i is i: shows which position each value is read at."""
+
+    def forward(self, input_ids, attention_mask=None, **kwargs):
+        positions = torch.arange(input_ids.shape[1], dtype=torch.float32).expand(input_ids.shape)
+        return type("Out", (), {"logits": positions[..., None]})()
+
+
+def test_critic_inputs_put_the_answer_first_and_map_values_back(monkeypatch):
+    from prime_values.models import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    prompt = tokenizer.encode("1+2=", add_special_tokens=False)
+    rows = [rollout("a", "g", 1.0, prompt=prompt, response=(tokenizer.encode("3", add_special_tokens=False)[0],
+                                                            tokenizer.eos_token_id))]
+    inputs = CriticInputs(rows, tokenizer, "answer:{privileged}|", True, max_length=64)
+    assert tokenizer.decode(inputs.input_ids[0], skip_special_tokens=True) == "answer:42|1+2=3"
+    values = inputs.values(PositionCritic())
+    prefix = len("answer:42|")
+    # policy token j (here j = 4, 5) reads the critic at position prefix + j - 1: the state before it
+    assert values[0].tolist() == [0, 0, 0, 0, prefix + 3, prefix + 4]
+    plain = CriticInputs(rows, tokenizer, "answer:{privileged}|", False, max_length=64)
+    assert plain.values(PositionCritic())[0].tolist() == [0, 0, 0, 0, 3, 4]
+
+
+def test_metrics_tail_never_returns_a_half_written_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    tail = MetricsTail(path)
+    assert tail.read() == []
+    path.write_text(json.dumps({"step": 1}) + "\n" + '{"step": ')
+    assert tail.read() == [{"step": 1}]
+    with open(path, "a") as f:
+        f.write('2, "loss": 0.5}\n')
+    assert tail.read() == [{"step": 2, "loss": 0.5}] and tail.last == {"step": 2, "loss": 0.5}
+
+
+def test_auto_devices_take_one_gpu_per_role_while_they_last():
+    topology = OmegaConf.structured(Config).topology
+    for key in ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device"):
+        topology[key] = "auto"
+    resolve_devices(topology, cuda_count=3)
+    assert [topology.inference_device, topology.evaluator_device, topology.policy_trainer_device,
+            topology.value_trainer_device] == ["cuda:0", "cuda:1", "cuda:2", "cpu"]
+    topology.evaluator, topology.evaluator_device, topology.value_trainer_device = "colocated", "auto", "auto"
+    resolve_devices(topology, cuda_count=0)
+    assert topology.evaluator_device == "cpu" and topology.value_trainer_device == "cpu"
+
+
+def test_descendants_finds_grandchildren():
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time; subprocess.Popen(['sleep', '30']); time.sleep(30)"])
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and not descendants(parent.pid):
+            time.sleep(0.05)
+        assert len(descendants(parent.pid)) == 1
+    finally:
+        from prime_values.launch import kill_tree
+
+        kill_tree(parent.pid)
+        parent.wait()
