@@ -117,8 +117,15 @@ class Progress:
         policy, orch, critic = (self.tails[n].last for n in ("policy_trainer", "orchestrator", "value_trainer"))
         warm = self.tails["warm_start"].last
         elapsed = time.time() - self.started
-        if not policy and "sft_step" in warm:
-            return f"[{elapsed:6.0f}s] warm start: step {warm['sft_step']} loss {warm['loss']:.3f}"
+        if not policy:
+            if "critic_pretrain_step" in warm:
+                return (f"[{elapsed:6.0f}s] warm start: critic pretraining step {warm['critic_pretrain_step']} "
+                        f"explained variance {warm['train_explained_variance']:.2f}")
+            if "sft_step" in warm:
+                accuracy = warm.get("sft_heldout_accuracy")
+                return (f"[{elapsed:6.0f}s] warm start: SFT step {warm['sft_step']} loss {warm.get('loss', 0):.3f}"
+                        + (f" held-out acc {accuracy:.2f}" if accuracy is not None else ""))
+            return f"[{elapsed:6.0f}s] starting"
         parts = [f"[{elapsed:6.0f}s] policy step {policy.get('step', 0)}/{self.steps}"]
         if "reward_mean" in policy:
             parts.append(f"reward {policy['reward_mean']:.2f}")

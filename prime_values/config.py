@@ -40,8 +40,13 @@ class TinyArch:
 class WarmStartConfig:
     """Supervised warm start on the task's reference solutions before RL (the `sft` job)."""
 
-    steps: int = 450
-    """SFT optimizer steps before RL starts (0 = start RL from the model as loaded)"""
+    steps: int = 900
+    """at most this many SFT optimizer steps before RL starts (0 = start RL from the model as loaded)"""
+    target_accuracy: float = 0.3
+    """stop SFT early once greedy held-out accuracy reaches this (checked every `check_every` steps; 0 = never
+    stop early), so RL starts from a policy that solves some problems but has room to improve"""
+    check_every: int = 50
+    """SFT steps between held-out checks of target_accuracy"""
     batch_size: int = 128
     """problems per SFT step"""
     lr: float = 2e-3
@@ -54,7 +59,7 @@ class PolicyConfig:
     """'tiny' builds the embedded model from `arch`; anything else is a path/name for from_pretrained"""
     arch: TinyArch = field(default_factory=TinyArch)
     """architecture of the embedded model (used when model='tiny'; the critic reuses it)"""
-    lr: float = 1e-3
+    lr: float = 1e-4
     """policy learning rate (AdamW)"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
@@ -81,8 +86,13 @@ class CriticConfig:
     """fold the task's privileged context (e.g. the reference answer) into the critic's input"""
     template: str = "answer:{privileged}|"
     """text placed before the whole trace when privileged; {privileged} is replaced by the context"""
-    lr: float = 1e-3
+    lr: float = 3e-3
     """critic learning rate (AdamW)"""
+    pretrain_steps: int = 600
+    """critic optimizer steps in the warm-start job, on Monte-Carlo returns of rollouts sampled from policy
+    version 0, before RL starts (0 = none): the critic starts RL already useful"""
+    pretrain_rollouts: int = 4096
+    """rollouts sampled from policy version 0 for critic pretraining"""
     max_grad_norm: float = 1.0
     """gradient-norm clip per critic step (0 = off)"""
     loss: str = "mse"

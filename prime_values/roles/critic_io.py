@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from prime_values.algo.gae import explained_variance
+from prime_values.algo.losses import value_loss
 from prime_values.algo.privileged import batch_values_to_policy_layout, critic_layout, truncate_for_critic
 
 
@@ -65,3 +67,18 @@ def attention_mask(rows: list[dict]) -> torch.Tensor:
     """[B, T] 1 on each row's tokens, 0 on the right padding."""
     lengths = torch.tensor([len(row["token_ids"]) for row in rows])
     return (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()
+
+
+def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg, device: str) -> dict:
+    ccfg = cfg.critic
+    inputs = CriticInputs(rows, tokenizer, ccfg.template, ccfg.privileged, ccfg.max_length, device)
+    values = inputs.values(critic)
+    targets = padded(rows, "value_targets", torch.float32, length=values.shape[1]).to(device)
+    loss = value_loss(values, targets, inputs.policy_mask, kind=ccfg.loss)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if ccfg.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(critic.parameters(), ccfg.max_grad_norm)
+    optimizer.step()
+    return {"value_loss": loss.item(),
+            "train_explained_variance": explained_variance(values.detach(), targets, inputs.policy_mask)}

@@ -13,12 +13,10 @@ import time
 
 import torch
 
-from prime_values.algo.gae import explained_variance
-from prime_values.algo.losses import value_loss
 from prime_values.log import LogReader, to_rows
 from prime_values.replay import IngestQueue, ReplayBuffer
 from prime_values.roles.common import RoleContext
-from prime_values.roles.critic_io import CriticInputs, padded
+from prime_values.roles.critic_io import critic_step
 from prime_values.weights import latest_version, prune, publish, version_dir
 
 
@@ -33,21 +31,6 @@ def ingest(reader: LogReader, queue: IngestQueue, ctx: RoleContext, stop: thread
             reader.commit()
         else:
             time.sleep(0.02)
-
-
-def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg, device: str) -> dict:
-    ccfg = cfg.critic
-    inputs = CriticInputs(rows, tokenizer, ccfg.template, ccfg.privileged, ccfg.max_length, device)
-    values = inputs.values(critic)
-    targets = padded(rows, "value_targets", torch.float32, length=values.shape[1]).to(device)
-    loss = value_loss(values, targets, inputs.policy_mask, kind=ccfg.loss)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if ccfg.max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(critic.parameters(), ccfg.max_grad_norm)
-    optimizer.step()
-    return {"value_loss": loss.item(),
-            "train_explained_variance": explained_variance(values.detach(), targets, inputs.policy_mask)}
 
 
 def main(run_dir: str) -> None:

@@ -1,24 +1,99 @@
-"""Warm start: build (or load) the policy, fine-tune it on reference solutions, publish policy and critic v0.
+"""Warm start: build (or load) the policy, fine-tune it on reference solutions until it solves some held-out
+problems, publish policy v0, then pretrain the critic on Monte-Carlo returns of v0's own samples and publish
+critic v0.
 
 Runs alone before the RL roles start, so it uses every core. Rerunning it in a run directory that already
-has policy version 0 does nothing (the run resumes from what is published)."""
+has policy and critic version 0 does nothing (the run resumes from what is published)."""
 
 from __future__ import annotations
 
 import os
+import random
 import time
 
 import torch
 
+from prime_values.algo.gae import gae
 from prime_values.roles.common import RoleContext
+from prime_values.roles.critic_io import critic_step, padded
 from prime_values.weights import latest_version, publish, version_dir
+
+
+class TargetReached(Exception):
+    """Raised from the SFT callback to end SFT once the held-out accuracy target is met."""
+
+
+def supervised(ctx: RoleContext, model, tokenizer, task) -> float:
+    """SFT until `target_accuracy` (checked every `check_every` steps) or `steps`; the final accuracy."""
+    from prime_values.roles.evaluation import heldout_accuracy, supervised_warm_start
+
+    ws, heldout = ctx.cfg.policy.warm_start, task.heldout()
+
+    def on_log(step: int, metrics: dict) -> None:
+        ctx.metrics.log(sft_step=step, **metrics)
+        if ctx.stopping():
+            raise SystemExit(f"warm start stopped at step {step}: the run was stopped")
+        if ws.target_accuracy > 0 and step % ws.check_every == 0 and step < ws.steps:
+            model.eval()
+            accuracy = heldout_accuracy(model, tokenizer, task, heldout, ctx.cfg.inference.max_new_tokens)
+            model.train()
+            ctx.metrics.log(sft_step=step, sft_heldout_accuracy=accuracy)
+            if accuracy >= ws.target_accuracy:
+                raise TargetReached
+
+    if ws.steps > 0:
+        try:
+            supervised_warm_start(model, tokenizer, task, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
+                                  seed=ctx.seed(), on_log=on_log, log_every=min(10, ws.check_every))
+        except TargetReached:
+            pass
+    model.eval()
+    return heldout_accuracy(model, tokenizer, task, heldout, ctx.cfg.inference.max_new_tokens)
+
+
+def sample_for_critic(ctx: RoleContext, policy, tokenizer, task) -> list[dict]:
+    """Rollouts of the warm-started policy with their Monte-Carlo value targets (the critic's first data)."""
+    from prime_values.models.sampling import sample
+    from prime_values.roles.evaluation import encode_prompts
+    from prime_values.roles.inference import build_rows
+
+    cfg, rows, rng = ctx.cfg, [], random.Random(ctx.seed(2))
+    prompts = max(1, cfg.critic.pretrain_rollouts // cfg.inference.group_size)
+    for chunk, begin in enumerate(range(0, prompts, 64)):
+        problems = task.sample(rng, min(64, prompts - begin))
+        prompt_ids = encode_prompts(tokenizer, problems)
+        completions = sample(policy, prompt_ids, num_samples=cfg.inference.group_size,
+                             max_new_tokens=cfg.inference.max_new_tokens, temperature=cfg.inference.temperature,
+                             eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, seed=ctx.seed(3, chunk))
+        rows += build_rows(problems, completions, prompt_ids, task, 0, "pretrain", chunk, tokenizer)
+    mask = padded(rows, "policy_mask", torch.bool)
+    rewards = torch.tensor([r["reward"] for r in rows])
+    _, returns = gae(rewards, torch.zeros(mask.shape), mask, cfg.advantage.gamma, 1.0)  # MC: lambda = 1
+    for b, row in enumerate(rows):
+        row["value_targets"] = returns[b, : len(row["token_ids"])].tolist()
+    return rows
+
+
+def pretrain_critic(ctx: RoleContext, critic, tokenizer, rows: list[dict]) -> None:
+    cfg = ctx.cfg
+    critic.train()
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
+    rng = random.Random(ctx.seed(4))
+    for step in range(1, cfg.critic.pretrain_steps + 1):
+        stats = critic_step(critic, optimizer, rng.sample(rows, min(cfg.critic.batch_rollouts, len(rows))),
+                            tokenizer, cfg, "cpu")
+        if step % 25 == 0 or step == cfg.critic.pretrain_steps:
+            ctx.metrics.log(critic_pretrain_step=step, **stats)
+        if ctx.stopping():
+            raise SystemExit("warm start stopped during critic pretraining: the run was stopped")
+    critic.eval()
 
 
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import build_critic, build_char_tokenizer, build_tiny_policy, load_policy, save_model
-    from prime_values.roles.evaluation import heldout_accuracy, supervised_warm_start
+    from prime_values.models import build_char_tokenizer, build_critic, build_tiny_policy, load_critic, \
+        load_policy, save_model
     from prime_values.tasks import make_task
 
     ctx = RoleContext(run_dir, "warm_start")
@@ -30,33 +105,26 @@ def main(run_dir: str) -> None:
     torch.set_num_threads(os.cpu_count() or 1)  # alone on the machine while it runs
     task = make_task(**cfg.task)
     arch = dict(cfg.policy.arch)
-    if cfg.policy.model == "tiny":
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_policy(tokenizer, seed=ctx.seed(), **arch)
-    else:
-        tokenizer, model = AutoTokenizer.from_pretrained(cfg.policy.model), load_policy(cfg.policy.model)
     began = time.time()
-    ws = cfg.policy.warm_start
-
-    def on_log(step: int, metrics: dict) -> None:
-        ctx.metrics.log(sft_step=step, **metrics)
-        if ctx.stopping():
-            raise SystemExit(f"warm start stopped at step {step}: the run was stopped")
-
-    if ws.steps > 0:
-        supervised_warm_start(model, tokenizer, task, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
-                              seed=ctx.seed(), on_log=on_log, log_every=10)
-    model.eval()
-    accuracy = heldout_accuracy(model, tokenizer, task, task.heldout(), cfg.inference.max_new_tokens)
-    ctx.metrics.log(sft_steps=ws.steps, sft_s=time.time() - began, heldout_accuracy=accuracy)
     if latest_version(policy_root) is None:
+        if cfg.policy.model == "tiny":
+            tokenizer = build_char_tokenizer()
+            model = build_tiny_policy(tokenizer, seed=ctx.seed(), **arch)
+        else:
+            tokenizer, model = AutoTokenizer.from_pretrained(cfg.policy.model), load_policy(cfg.policy.model)
+        accuracy = supervised(ctx, model, tokenizer, task)
+        ctx.metrics.log(sft_s=time.time() - began, heldout_accuracy=accuracy)
         publish(policy_root, 0, lambda path: save_model(model, tokenizer, path))
+    policy_dir = version_dir(policy_root, 0)
+    model, tokenizer = load_policy(policy_dir).eval(), AutoTokenizer.from_pretrained(policy_dir)
     if cfg.critic.init == "policy":
-        critic = build_critic(version_dir(policy_root, 0), tokenizer, seed=ctx.seed(1), **arch)
+        critic = build_critic(policy_dir, tokenizer, seed=ctx.seed(1), **arch)
     elif cfg.critic.init == "scratch":
         critic = build_critic(None, tokenizer, seed=ctx.seed(1), **arch)
     else:
-        from prime_values.models import load_critic
-
         critic = load_critic(cfg.critic.init)
+    if cfg.critic.pretrain_steps > 0 and cfg.advantage.estimator != "grpo":
+        began = time.time()
+        pretrain_critic(ctx, critic, tokenizer, sample_for_critic(ctx, model, tokenizer, task))
+        ctx.metrics.log(critic_pretrain_s=time.time() - began)
     publish(critic_root, 0, lambda path: save_model(critic, tokenizer, path))
