@@ -7,6 +7,8 @@ import os
 import time
 from pathlib import Path
 
+from prime_values.log import fsutil
+
 ROLES = ("inference", "evaluator", "orchestrator", "policy_trainer", "value_trainer")
 
 
@@ -99,9 +101,4 @@ class RunDir:
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text` so a reader sees the old or the new content, never a torn one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fsutil.write_atomic(path, text.encode())
