@@ -17,7 +17,10 @@ from prime_values.monitor import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["+experiment=arith", "steps=8", "eval_every=4", "policy.warm_start.steps=10", "task.heldout_size=16",
          "inference.prompts_per_step=4", "inference.group_size=4", "replay.min_rollouts=16",
-         "critic.batch_rollouts=16", "critic.publish_every=1", "launcher.poll_s=0.2", "launcher.stop_grace_s=20"]
+         "critic.batch_rollouts=16", "critic.publish_every=1", "launcher.poll_s=0.2", "launcher.stop_grace_s=20",
+         # a smaller model and a short critic pretraining: the test checks the plumbing, not the learning
+         "policy.arch.hidden_size=64", "policy.arch.num_heads=2", "policy.arch.num_kv_heads=1",
+         "policy.arch.intermediate_size=128", "critic.pretrain_steps=5", "critic.pretrain_rollouts=64"]
 
 
 def run_pipeline(run_dir: Path, *extra: str, env: dict | None = None, cwd: Path = REPO):
