@@ -90,10 +90,10 @@ class CriticConfig:
     """text placed before the whole trace when privileged; {privileged} is replaced by the context"""
     lr: float = 3e-3
     """critic learning rate (AdamW)"""
-    pretrain_steps: int = 600
+    pretrain_steps: int = 300
     """critic optimizer steps in the warm-start job, on Monte-Carlo returns of rollouts sampled from policy
     version 0, before RL starts (0 = none): the critic starts RL already useful"""
-    pretrain_rollouts: int = 4096
+    pretrain_rollouts: int = 2048
     """rollouts sampled from policy version 0 for critic pretraining"""
     max_grad_norm: float = 1.0
     """gradient-norm clip per critic step (0 = off)"""
