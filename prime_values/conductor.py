@@ -101,6 +101,10 @@ def failure_message(role_job: RoleJob) -> str:
     return f"role {role_job.name} failed: {last} (full log: {role_job.job.paths.stderr})"
 
 
+def _num(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 class Progress:
     """A refreshed status line on a terminal, a line every few seconds otherwise."""
 
@@ -120,23 +124,17 @@ class Progress:
         if not policy:
             if "critic_pretrain_step" in warm:
                 return (f"[{elapsed:6.0f}s] warm start: critic pretraining step {warm['critic_pretrain_step']} "
-                        f"explained variance {warm['train_explained_variance']:.2f}")
+                        f"explained variance {_num(warm.get('train_explained_variance'))}")
             if "sft_step" in warm:
-                accuracy = warm.get("sft_heldout_accuracy")
-                return (f"[{elapsed:6.0f}s] warm start: SFT step {warm['sft_step']} loss {warm.get('loss', 0):.3f}"
-                        + (f" held-out acc {accuracy:.2f}" if accuracy is not None else ""))
+                return (f"[{elapsed:6.0f}s] warm start: SFT step {warm['sft_step']} loss {_num(warm.get('loss'), 3)}"
+                        f" held-out acc {_num(warm.get('sft_heldout_accuracy'))}")
             return f"[{elapsed:6.0f}s] starting"
-        parts = [f"[{elapsed:6.0f}s] policy step {policy.get('step', 0)}/{self.steps}"]
-        if "reward_mean" in policy:
-            parts.append(f"reward {policy['reward_mean']:.2f}")
-        if "heldout_accuracy" in policy:
-            parts.append(f"held-out acc {policy['heldout_accuracy']:.2f}")
+        parts = [f"[{elapsed:6.0f}s] policy step {policy.get('step', 0)}/{self.steps}",
+                 f"reward {_num(policy.get('reward_mean'))}", f"held-out acc {_num(policy.get('heldout_accuracy'))}"]
         if "critic_version" in critic:
-            parts.append(f"critic v{critic['critic_version']}")
-        if orch.get("critic_explained_variance") is not None:
-            parts.append(f"EV {orch['critic_explained_variance']:.2f}")
+            parts.append(f"critic v{critic['critic_version']} EV {_num(orch.get('critic_explained_variance'))}")
         if "off_policy_max" in orch:
-            parts.append(f"off-policy {orch['off_policy_mean']:.1f}/{orch['off_policy_max']}")
+            parts.append(f"off-policy {_num(orch.get('off_policy_mean'), 1)}/{orch['off_policy_max']}")
         return " | ".join(parts)
 
     def show(self, final: bool = False) -> None:
