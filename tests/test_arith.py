@@ -98,11 +98,15 @@ def test_short_sft_reduces_loss_and_heldout_accuracy_runs():
     with torch.no_grad():
         before = float(sft_loss(model, ids, mask, labels)[0])
     logs = []
-    out = supervised_warm_start(model, tok, task, steps=30, batch_size=32, lr=3e-3, seed=0,
+    out = supervised_warm_start(model, tok, task, steps=20, batch_size=16, lr=3e-3, seed=0,
                                 on_log=lambda s, m: logs.append((s, m)), log_every=10)
     with torch.no_grad():
         after = float(sft_loss(model, ids, mask, labels)[0])
     assert after < before - 0.5, (before, after)
-    assert [s for s, _ in logs] == [10, 20, 30] and out["step"] == 30
+    assert [s for s, _ in logs] == [10, 20] and out["step"] == 20
     acc = heldout_accuracy(model, tok, task, task.heldout(), max_new_tokens=4)
     assert 0.0 <= acc <= 1.0
+    # an accuracy target ends SFT at the first check that meets it
+    out = supervised_warm_start(model, tok, task, steps=50, batch_size=8, seed=1, stop_at_accuracy=0.0,
+                                check_every=3, val_size=10)
+    assert out["step"] == 3 and out["stopped_early"] and 0.0 <= out["val_acc"] <= 1.0

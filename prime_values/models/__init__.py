@@ -1,6 +1,7 @@
 """Model and tokenizer building for the embedded tiny models (see build.py, sampling.py)."""
 
 from .build import (
+    ARCH_PRESETS,
     DEFAULT_ARCH,
     build_critic,
     build_tiny_policy,
@@ -15,7 +16,7 @@ from .sampling import Completion, greedy, sample, teacher_forced_logprobs
 from .tokenizer import build_char_tokenizer
 
 __all__ = [
-    "DEFAULT_ARCH", "Completion", "build_char_tokenizer", "build_critic", "build_tiny_policy",
+    "ARCH_PRESETS", "DEFAULT_ARCH", "Completion", "build_char_tokenizer", "build_critic", "build_tiny_policy",
     "critic_values", "greedy", "load_critic", "load_policy", "num_parameters", "sample", "save_model",
     "teacher_forced_logprobs", "tiny_config",
 ]

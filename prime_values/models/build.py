@@ -35,6 +35,13 @@ DEFAULT_ARCH: dict = dict(
     tie_word_embeddings=True,
 )
 
+# Named sizes. "small" (3.2M) is what the arith study recommends for RL: at hidden 128 group-mean
+# REINFORCE gains 10-35 greedy points in 200 steps depending on the seed; at hidden 256 it gained 29-41.
+ARCH_PRESETS: dict[str, dict] = {
+    "tiny": dict(DEFAULT_ARCH),
+    "small": dict(DEFAULT_ARCH, hidden_size=256, num_heads=8, num_kv_heads=4, intermediate_size=768),
+}
+
 # sdpa and eager measured within noise of each other for these sizes on 2 CPU threads; sdpa is the
 # transformers default and what larger models want.
 ATTN_IMPLEMENTATION = "sdpa"
