@@ -66,8 +66,9 @@ def main(run_dir: str, worker: int = 0) -> None:
         step = chunk + 1  # the policy step this chunk is generated for
         needed = step - 1 - cfg.schedule.max_off_policy
         if step > cfg.steps or (latest_version(policy_root) or 0) < needed:
+            paused = time.time()
             ctx.wait()  # paused: ahead of the policy trainer (or done)
-            paused_s += 0.02
+            paused_s += time.time() - paused
             continue
         policy.poll()
         started = time.time()
