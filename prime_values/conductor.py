@@ -30,7 +30,6 @@ class RoleJob:
     name: str
     role: str
     job: object
-    args: tuple = ()
     finished: bool = False
 
 
@@ -45,7 +44,7 @@ class Fleet:
     def submit(self, name: str, role: str, device: str, *args) -> RoleJob:
         executor = make_executor(self.cfg.launcher, self.run.jobs, name, device)
         job = executor.submit(entry(role), str(self.run.root), *args)
-        role_job = RoleJob(name, role, job, args)
+        role_job = RoleJob(name, role, job)
         self.jobs.append(role_job)
         return role_job
 

@@ -9,9 +9,6 @@ from pathlib import Path
 
 from prime_values.log import fsutil
 
-ROLES = ("inference", "evaluator", "orchestrator", "policy_trainer", "value_trainer")
-
-
 class RunDir:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -68,10 +69,5 @@ class RoleContext:
         return LogReader(self.run.stream(stream), consumer, self.run.cursors, stream)
 
     def mark_done(self, **summary) -> None:
-        import json
-
         write_atomic(self.state / "done", json.dumps(summary))
 
-
-def done_marker(run: RunDir, role: str) -> Path:
-    return run.root / "state" / role / "done"
