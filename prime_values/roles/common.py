@@ -7,7 +7,6 @@ import logging
 import os
 import time
 import zlib
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
