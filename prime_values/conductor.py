@@ -126,7 +126,7 @@ class Progress:
                         f"explained variance {_num(warm.get('train_explained_variance'))}")
             if "sft_step" in warm:
                 return (f"[{elapsed:6.0f}s] warm start: SFT step {warm['sft_step']} loss {_num(warm.get('loss'), 3)}"
-                        f" held-out acc {_num(warm.get('sft_heldout_accuracy'))}")
+                        f" validation acc {_num(warm.get('sft_val_accuracy'))}")
             return f"[{elapsed:6.0f}s] starting"
         parts = [f"[{elapsed:6.0f}s] policy step {policy.get('step', 0)}/{self.steps}",
                  f"reward {_num(policy.get('reward_mean'))}", f"held-out acc {_num(policy.get('heldout_accuracy'))}"]

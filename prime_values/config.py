@@ -45,10 +45,10 @@ class WarmStartConfig:
     steps: int = 900
     """at most this many SFT optimizer steps before RL starts (0 = start RL from the model as loaded)"""
     target_accuracy: float = 0.3
-    """stop SFT early once greedy held-out accuracy reaches this (checked every `check_every` steps; 0 = never
-    stop early), so RL starts from a policy that solves some problems but has room to improve"""
-    check_every: int = 50
-    """SFT steps between held-out checks of target_accuracy"""
+    """stop SFT early once greedy accuracy on a fixed validation sample of training problems
+    (never the held-out set) reaches this (checked every `check_every` steps; 0 = never stop early), so RL starts from a policy that solves some problems but has room to improve"""
+    check_every: int = 25
+    """SFT steps between validation checks of target_accuracy"""
     batch_size: int = 128
     """problems per SFT step"""
     lr: float = 2e-3

@@ -56,6 +56,21 @@ def test_to_table_validates_keys_and_roundtrips():
     assert t.column("values").to_pylist() == [[1.0] * 4]
 
 
+def test_numpy_fast_path_builds_the_same_columns_as_lists():
+    rng = np.random.default_rng(0)
+    rows = [rollout(i) for i in range(5)]
+    lengths = [7, 0, 3, 1, 12]  # an empty rollout too
+    for r, n in zip(rows, lengths):
+        r.update(token_ids=rng.integers(0, 500, n).tolist(), policy_mask=rng.integers(0, 2, n).tolist(),
+                 sampling_logprobs=rng.normal(size=n).astype(np.float32).tolist())
+    as_numpy = [{**r, "token_ids": np.asarray(r["token_ids"], np.int64),  # wider dtypes are cast to the schema's
+                 "policy_mask": np.asarray(r["policy_mask"], np.int8),
+                 "sampling_logprobs": np.asarray(r["sampling_logprobs"], np.float64)} for r in rows]
+    assert to_table("rollouts", as_numpy).equals(to_table("rollouts", rows))
+    mixed = [as_numpy[0], rows[1]]  # lists and arrays in one column: the generic path, same result
+    assert to_table("rollouts", mixed).equals(to_table("rollouts", rows[:2]))
+
+
 def test_segment_roundtrip_metadata_and_ecosystem_readability(log):
     with SegmentWriter(log / "rollouts", "s0", "rollouts") as w:
         assert [w.append(rows(0)), w.append(rows(3))] == [0, 1]

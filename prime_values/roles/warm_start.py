@@ -7,6 +7,7 @@ has policy and critic version 0 does nothing (the run resumes from what is publi
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -19,36 +20,29 @@ from prime_values.roles.critic_io import critic_step, padded
 from prime_values.weights import latest_version, publish, version_dir
 
 
-class TargetReached(Exception):
-    """Raised from the SFT callback to end SFT once the held-out accuracy target is met."""
-
-
 def supervised(ctx: RoleContext, model, tokenizer, task) -> float:
-    """SFT until `target_accuracy` (checked every `check_every` steps) or `steps`; the final accuracy."""
+    """SFT until greedy accuracy on a fixed validation sample of *training* problems reaches `target_accuracy`
+    (checked every `check_every` steps) or `steps` run out; returns the held-out accuracy it ends at.
+
+    The held-out set stays untouched until RL's first evaluation, so "accuracy at the first RL step" is not
+    a number SFT was stopped on."""
     from prime_values.roles.evaluation import heldout_accuracy, supervised_warm_start
 
-    ws, heldout = ctx.cfg.policy.warm_start, task.heldout()
+    ws, last_val = ctx.cfg.policy.warm_start, {}
 
     def on_log(step: int, metrics: dict) -> None:
-        ctx.metrics.log(sft_step=step, **metrics)
+        last_val.update({"sft_val_accuracy": metrics["val_acc"]} if "val_acc" in metrics else {})
+        ctx.metrics.log(sft_step=step, **metrics, **last_val)
         if ctx.stopping():
             raise SystemExit(f"warm start stopped at step {step}: the run was stopped")
-        if ws.target_accuracy > 0 and step % ws.check_every == 0 and step < ws.steps:
-            model.eval()
-            accuracy = heldout_accuracy(model, tokenizer, task, heldout, ctx.cfg.inference.max_new_tokens)
-            model.train()
-            ctx.metrics.log(sft_step=step, sft_heldout_accuracy=accuracy)
-            if accuracy >= ws.target_accuracy:
-                raise TargetReached
 
     if ws.steps > 0:
-        try:
-            supervised_warm_start(model, tokenizer, task, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
-                                  seed=ctx.seed(), on_log=on_log, log_every=min(10, ws.check_every))
-        except TargetReached:
-            pass
+        supervised_warm_start(model, tokenizer, task, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
+                              seed=ctx.seed(), on_log=on_log, log_every=math.gcd(10, ws.check_every),
+                              stop_at_accuracy=ws.target_accuracy if ws.target_accuracy > 0 else None,
+                              check_every=ws.check_every)
     model.eval()
-    return heldout_accuracy(model, tokenizer, task, heldout, ctx.cfg.inference.max_new_tokens)
+    return heldout_accuracy(model, tokenizer, task, task.heldout(), ctx.cfg.inference.max_new_tokens)
 
 
 def sample_for_critic(ctx: RoleContext, policy, tokenizer, task) -> list[dict]:
