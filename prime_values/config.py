@@ -120,9 +120,14 @@ class ReplayConfig:
     capacity: int = 2048
     """replay buffer capacity in rollouts; the oldest is evicted first"""
     sampling: str = "uniform"
-    """how critic batches are drawn from the buffer: 'uniform', 'fifo' or 'recent'"""
+    """how critic batches are drawn from the buffer: 'uniform' (random, without replacement within a batch),
+    'fifo' (passes from oldest to newest) or 'recent' (weight 2^(-rank/recent_half_life), rank 0 = newest)"""
+    recent_half_life: float = 256.0
+    """'recent' sampling: rollouts this many insertions old weigh half as much as the newest (0 = newest first)"""
     max_reuse: int = 4
     """a rollout leaves the buffer after this many samplings (0 = unlimited)"""
+    max_age: int = 0
+    """a rollout more than this many policy versions behind the newest seen leaves the buffer (0 = unlimited)"""
     min_rollouts: int = 128
     """rollouts in the buffer before the first critic step"""
 

@@ -134,3 +134,40 @@ def test_descendants_finds_grandchildren():
 
         kill_tree(parent.pid)
         parent.wait()
+
+
+def test_value_trainer_rebuilds_replay_from_the_log_with_reuse_counts(tmp_path):
+    from prime_values.replay import ReplayBuffer, dump_snapshot
+    from prime_values.rundir import RunDir
+    from prime_values.roles.common import RoleContext
+    from prime_values.roles.value_trainer import REPLAY_SNAPSHOT, restore_replay
+
+    run = RunDir(tmp_path)
+    run.mkdirs()
+    OmegaConf.save(OmegaConf.structured(Config), run.config)
+    ctx = RoleContext(tmp_path, "value_trainer")
+
+    def target(i):
+        r = rollout(f"r{i}", f"g{i // 2}", float(i % 2), version=i // 4)
+        return {k: r[k] for k in ("rollout_id", "group_id", "policy_version", "token_ids", "policy_mask",
+                                  "privileged", "reward")} | {
+            "critic_version": 0, "values": [0.0] * 5, "value_targets": [0.0] * 5, "created_at": 0.0}
+
+    writer, reader = ctx.writer("targets", "main"), ctx.reader("targets", "value_trainer")
+    live = ReplayBuffer(6, 2, "uniform", seed=1)
+    for begin in (0, 4, 8):
+        writer.append([target(i) for i in range(begin, begin + 4)])
+        for segment in reader.poll():
+            for row in segment.table.to_pylist():
+                live.add(row)
+        live.sample(3)
+    reader.commit()
+    critic_dir = tmp_path / "critic_v"
+    critic_dir.mkdir()
+    (critic_dir / REPLAY_SNAPSHOT).write_bytes(dump_snapshot(live.snapshot()))
+    writer.append([target(i) for i in range(12, 16)])  # logged after the crash point: not the buffer's yet
+
+    restarted = ReplayBuffer(6, 2, "uniform", seed=1)
+    restore_replay(ctx, restarted, critic_dir, ctx.reader("targets", "value_trainer"))
+    assert restarted.reuse_counts() == live.reuse_counts() and sum(live.reuse_counts().values()) > 0
+    assert [r["rollout_id"] for r in restarted.sample(6)] == [r["rollout_id"] for r in live.sample(6)]

@@ -14,7 +14,7 @@ import time
 import torch
 
 from prime_values.log import LogReader, to_rows
-from prime_values.replay import IngestQueue, ReplayBuffer
+from prime_values.replay import IngestQueue, ReplayBuffer, dump_snapshot, load_snapshot
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import critic_step
 from prime_values.weights import latest_version, prune, publish, version_dir
@@ -33,6 +33,23 @@ def ingest(reader: LogReader, queue: IngestQueue, ctx: RoleContext, stop: thread
             time.sleep(0.02)
 
 
+REPLAY_SNAPSHOT = "replay.json"  # saved inside each published critic version, atomically with the weights
+
+
+def restore_replay(ctx: RoleContext, buffer: ReplayBuffer, critic_dir, reader: LogReader) -> None:
+    """After a restart: rebuild the buffer from the targets log up to this trainer's cursor, with the reuse
+    counts of the snapshot saved with the critic version we resume from (rows that retention already deleted
+    are reported as missing)."""
+    path = critic_dir / REPLAY_SNAPSHOT
+    if not path.exists():
+        return
+    tail = LogReader(ctx.run.stream("targets"), "value_trainer.rebuild", ctx.run.cursors, "targets")  # never commits
+    rows = [row for segment in tail.poll() if segment.seq < reader.next_seq.get(segment.shard, 0)
+            for row in to_rows(segment.table)]
+    outcome = buffer.rebuild(rows, load_snapshot(path.read_bytes()))
+    ctx.log.info("replay buffer rebuilt from %d logged rollouts: %s", len(rows), outcome)
+
+
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
@@ -47,8 +64,15 @@ def main(run_dir: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
     optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
     queue = IngestQueue(cfg.replay.queue_size)
-    buffer = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_reuse, cfg.replay.sampling, seed=ctx.seed())
+    rcfg = cfg.replay
+    buffer = ReplayBuffer(rcfg.capacity, rcfg.max_reuse, rcfg.sampling, seed=ctx.seed(), max_age=rcfg.max_age,
+                          recent_half_life=rcfg.recent_half_life)
     reader = ctx.reader("targets", "value_trainer")
+    restore_replay(ctx, buffer, version_dir(critic_root, version), reader)
+
+    def save(path) -> None:
+        save_model(critic, tokenizer, path)
+        (path / REPLAY_SNAPSHOT).write_bytes(dump_snapshot(buffer.snapshot()))
     stop = threading.Event()
     threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
     scorer = Scorer(ctx, tokenizer) if cfg.topology.evaluator == "colocated" else None
@@ -68,7 +92,7 @@ def main(run_dir: str) -> None:
             steps += 1
             if steps % cfg.critic.publish_every == 0:
                 version += 1
-                publish(critic_root, version, lambda path: save_model(critic, tokenizer, path))
+                publish(critic_root, version, save)
                 prune(critic_root, keep=cfg.log.keep_weights)
             ctx.metrics.log(critic_step=steps, critic_version=version, **stats, step_s=time.time() - began,
                             ingest_dropped=queue.dropped, **{f"replay_{k}": v for k, v in buffer.stats().items()})
