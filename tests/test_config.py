@@ -49,7 +49,7 @@ def test_config_errors_are_one_line_before_any_job(tmp_path, override, expected)
 
 def test_allowed_keys_are_listed_for_a_typo():
     result = cli("+experiment=arith", "replay.capasity=3")
-    assert "allowed keys under 'replay.': capacity, max_reuse, min_rollouts" in result.stderr
+    assert "allowed keys under 'replay.': capacity, max_age, max_reuse, min_rollouts" in result.stderr
 
 
 def test_validate_rejects_impossible_sizes():
