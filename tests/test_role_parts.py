@@ -13,7 +13,7 @@ from prime_values.config import Config
 from prime_values.launch import descendants, resolve_devices
 from prime_values.monitor import MetricsTail
 from prime_values.roles.critic_io import CriticInputs
-from prime_values.roles.orchestrator import GroupJoin, batch_rows, score_group
+from prime_values.roles.orchestrator import GroupJoin, batch_metrics, batch_rows, score_group
 
 
 def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 2), version=0) -> dict:
@@ -47,6 +47,20 @@ def test_gae_advantages_with_lambda_one_are_return_minus_value():
     # gamma = lambda = 1: A_t = R - V_t on policy tokens, 0 on the prompt (whatever the value there)
     assert torch.allclose(scored["advantages"], torch.tensor([[0, 0, .5, .25, 0], [0, 0, -.25, -.5, 0]]))
     assert torch.allclose(scored["targets"], torch.tensor([[0, 0, 1., 1., 1.], [0, 0, 0, 0, 0]]))
+
+
+def test_batch_metrics_report_critic_health_worked_by_hand():
+    cfg = OmegaConf.structured(Config)
+    rollouts = [rollout("a", "g", 1.0), rollout("b", "g", 0.0)]
+    values = [values_row("a", [9, 9, .5, .5, .5], version=3), values_row("b", [9, 9, .5, .5, .5], version=4)]
+    group = {"rollouts": rollouts, "values": values, "scored": score_group(rollouts, values, cfg)}
+    m = batch_metrics(1, [group], newest_critic=5)
+    # targets 1,1,1 and 0,0,0 against a flat 0.5: residuals ±0.5 have the targets' own variance -> EV = 0
+    assert m["critic_explained_variance"] == pytest.approx(0.0, abs=1e-6)
+    assert m["value_first_mean"] == pytest.approx(0.5) and m["return_first_mean"] == pytest.approx(0.5)
+    assert (m["advantage_mean"], m["advantage_abs_mean"], m["advantage_positive"]) == pytest.approx((0, .5, .5))
+    assert (m["critic_version_lag_mean"], m["critic_version_lag_max"]) == (1.5, 2)  # 5-3 and 5-4
+    assert (m["off_policy_mean"], m["reward_mean"]) == (0, 0.5)
 
 
 def test_grpo_advantages_need_no_values():

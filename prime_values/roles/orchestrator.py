@@ -19,6 +19,7 @@ from prime_values.algo.gae import advantages_and_targets, explained_variance, gr
 from prime_values.log import to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import padded
+from prime_values.weights import latest_version
 
 
 class GroupJoin:
@@ -103,22 +104,38 @@ def batch_rows(step: int, groups: list[dict], whiten_advantages: bool) -> list[d
     } for b, r in enumerate(rollouts)]
 
 
-def batch_metrics(step: int, groups: list[dict]) -> dict:
+def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = None) -> dict:
+    """Policy-side and critic-health figures of one batch (DESIGN §3): reward, off-policy lag, advantage
+    statistics, and, with a critic, explained variance on fresh rollouts, mean value vs mean return at the
+    first policy token, and how many critic versions behind the newest the values were scored."""
     rewards = [r["reward"] for g in groups for r in g["rollouts"]]
     versions = [r["policy_version"] for g in groups for r in g["rollouts"]]
+    width = max(g["scored"]["mask"].shape[1] for g in groups)
+
+    def cat(key):
+        return torch.cat([torch.nn.functional.pad(g["scored"][key], (0, width - g["scored"][key].shape[1]))
+                          for g in groups])
+
+    mask, advantages = cat("mask"), cat("advantages")
+    a = advantages[mask]
     out = {"step": step, "reward_mean": sum(rewards) / len(rewards),
            "off_policy_mean": sum((step - 1) - v for v in versions) / len(versions),
-           "off_policy_max": max((step - 1) - v for v in versions)}
+           "off_policy_max": max((step - 1) - v for v in versions),
+           "advantage_mean": a.mean().item(), "advantage_std": a.std().item() if a.numel() > 1 else 0.0,
+           "advantage_abs_mean": a.abs().mean().item(), "advantage_positive": (a > 0).float().mean().item()}
     if groups[0]["values"] is not None:
-        width = max(g["scored"]["mask"].shape[1] for g in groups)
-
-        def cat(key):
-            return torch.cat([torch.nn.functional.pad(g["scored"][key], (0, width - g["scored"][key].shape[1]))
-                              for g in groups])
-
+        values, targets = cat("values"), cat("targets")
+        first = mask.float().argmax(dim=1)  # the first policy token of each rollout
+        rows = torch.arange(len(first))
         # values were predicted before the critic trained on these rollouts: a fresh-data measurement
-        out["critic_explained_variance"] = explained_variance(cat("values"), cat("targets"), cat("mask"))
-        out["critic_version_mean"] = sum(v["critic_version"] for g in groups for v in g["values"]) / len(rewards)
+        out["critic_explained_variance"] = explained_variance(values, targets, mask)
+        out["value_first_mean"] = values[rows, first].mean().item()
+        out["return_first_mean"] = targets[rows, first].mean().item()
+        critic_versions = [v["critic_version"] for g in groups for v in g["values"]]
+        out["critic_version_mean"] = sum(critic_versions) / len(critic_versions)
+        if newest_critic is not None:
+            lags = [newest_critic - v for v in critic_versions]
+            out["critic_version_lag_mean"], out["critic_version_lag_max"] = sum(lags) / len(lags), max(lags)
     return out
 
 
@@ -159,7 +176,8 @@ def main(run_dir: str) -> None:
                 break
             groups = [ready.popleft() for _ in range(cfg.inference.prompts_per_step)]
             batches.append(batch_rows(step, groups, cfg.advantage.whiten))
-            ctx.metrics.log(**batch_metrics(step, groups), dropped_stale=dropped_stale,
+            newest = latest_version(ctx.run.weights("critic")) if needs_values else None
+            ctx.metrics.log(**batch_metrics(step, groups, newest), dropped_stale=dropped_stale,
                             waiting_rollouts=join.waiting_rollouts, ready_groups=len(ready))
             step += 1
         if new or new_values:
