@@ -1,4 +1,5 @@
-"""token_logprobs, PPO clip loss with k3 KL, value loss: hand-worked numbers and gradients."""
+"""token_logprobs, PPO clip and probability-difference masking losses with k3 KL, value losses (mse, huber,
+clipped, bce): hand-worked numbers and gradients, and per-token reference loops on random inputs."""
 
 import math
 
@@ -6,7 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prime_values.algo.losses import ppo_clip_loss, token_logprobs, value_loss
+from prime_values.algo.losses import (
+    ppo_clip_loss,
+    prob_diff_mask_loss,
+    token_logprobs,
+    value_loss,
+    values_from_head,
+)
 
 LN3 = math.log(3.0)
 
@@ -113,3 +120,183 @@ def test_value_loss_huber_hand_worked():
 def test_value_loss_unknown_kind_names_the_choices():
     with pytest.raises(ValueError, match="mse, huber"):
         value_loss(PRED, TARGETS, MASK, kind="l1")
+
+
+# Probability-difference masking: five policy tokens and one off-mask token with garbage.
+#   t   π_s    π      d = π − π_s   ρ = π/π_s   A     δ = 0.2
+#   0   0.5    0.8    +0.3          1.6         +1    A > 0 and d > δ_high    → dropped (masked high)
+#   1   0.5    0.2    −0.3          0.4         −1    A < 0 and d < −δ_low    → dropped (masked low)
+#   2   0.5    0.6    +0.1          1.2         +2    inside                  → L = −1.2·2 = −2.4
+#   3   0.5    0.8    +0.3          1.6         −1    outside, but A pulls it back → kept, L = −1.6·(−1) = +1.6
+#   4   0.01   0.05   +0.04         5           +1    rare token, small move  → kept, L = −5 (PPO would clip at 1.2)
+PD_SAMPLING_PROBS = torch.tensor([[0.5, 0.5, 0.5, 0.5, 0.01, 1.0]], dtype=torch.float64)
+PD_PROBS = torch.tensor([[0.8, 0.2, 0.6, 0.8, 0.05, 1.0]], dtype=torch.float64)
+PD_ADVANTAGES = torch.tensor([[1.0, -1.0, 2.0, -1.0, 1.0, 1e6]], dtype=torch.float64)
+PD_MASK = torch.tensor([[1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+
+
+def pd_logprobs():
+    logprobs = PD_PROBS.log()
+    logprobs[0, 5] = 80.0  # exp(80) off-mask must not matter
+    return logprobs.requires_grad_(True)
+
+
+def test_prob_diff_mask_loss_hand_worked():
+    logprobs = pd_logprobs()
+    loss, stats = prob_diff_mask_loss(logprobs, PD_SAMPLING_PROBS.log(), PD_ADVANTAGES, PD_MASK)
+    # loss = (0 + 0 − 2.4 + 1.6 − 5)/5 = −5.8/5 = −1.16 (dropped tokens still count in N = 5)
+    assert loss.item() == pytest.approx(-1.16)
+    assert stats["masked_fraction"] == pytest.approx(2 / 5)
+    assert stats["masked_high_fraction"] == pytest.approx(1 / 5)
+    assert stats["masked_low_fraction"] == pytest.approx(1 / 5)
+    assert stats["ratio_mean"] == pytest.approx((1.6 + 0.4 + 1.2 + 1.6 + 5.0) / 5)
+    # ∂L_t/∂l_t = −ρ_t·A_t / N: t2 −2.4/5 = −0.48, t3 1.6/5 = 0.32, t4 −5/5 = −1; dropped and off-mask: 0
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, 0.0, -0.48, 0.32, -1.0, 0.0]], dtype=torch.float64))
+
+
+def test_prob_diff_mask_loss_thresholds_and_kl():
+    # δ_high = 0.35 lets t0 (d = 0.3) back in: loss = (−1.6 − 2.4 + 1.6 − 5)/5 = −7.4/5; δ_low = 0.35 lets t1
+    # (d = −0.3, ρ = 0.4, A = −1: L = +0.4) back in too: −7.0/5
+    sampling = PD_SAMPLING_PROBS.log()
+    loss, stats = prob_diff_mask_loss(pd_logprobs(), sampling, PD_ADVANTAGES, PD_MASK, delta_high=0.35)
+    assert loss.item() == pytest.approx(-7.4 / 5) and stats["masked_fraction"] == pytest.approx(1 / 5)
+    loss, stats = prob_diff_mask_loss(pd_logprobs(), sampling, PD_ADVANTAGES, PD_MASK, delta_low=0.35, delta_high=0.35)
+    assert loss.item() == pytest.approx(-7.0 / 5) and stats["masked_fraction"] == 0.0
+    # KL: k3 = 1/ρ + ln ρ − 1 over the five policy tokens, dropped ones included; β = 0.1
+    k3 = [1 / r + math.log(r) - 1 for r in (1.6, 0.4, 1.2, 1.6, 5.0)]
+    loss, stats = prob_diff_mask_loss(pd_logprobs(), sampling, PD_ADVANTAGES, PD_MASK, kl_coef=0.1)
+    assert stats["approx_kl"] == pytest.approx(sum(k3) / 5)
+    assert loss.item() == pytest.approx(-1.16 + 0.1 * sum(k3) / 5)
+
+
+def test_prob_diff_mask_loss_empty_mask_is_zero_not_nan():
+    loss, stats = prob_diff_mask_loss(pd_logprobs(), PD_SAMPLING_PROBS.log(), PD_ADVANTAGES, torch.zeros_like(PD_MASK))
+    assert loss.item() == 0.0 and stats["masked_fraction"] == 0.0
+
+
+def policy_loss_reference(logprobs, sampling, advantages, mask, trust_region, low, high, kl_coef):
+    """Per-token loop in Python floats; returns (loss, d loss / d logprobs)."""
+    n = int(mask.sum())
+    grad = torch.zeros_like(logprobs)
+    total = 0.0
+    for b in range(logprobs.shape[0]):
+        for t in range(logprobs.shape[1]):
+            if not mask[b, t]:
+                continue
+            l, s, a = float(logprobs[b, t]), float(sampling[b, t]), float(advantages[b, t])
+            rho = math.exp(l - s)
+            if trust_region == "clip":
+                clipped = min(max(rho, 1 - low), 1 + high)
+                surrogate = min(rho * a, clipped * a)
+                active = rho * a <= clipped * a  # the unclipped term is the min: gradient flows
+            else:
+                d = math.exp(l) - math.exp(s)
+                dropped = (a > 0 and d > high) or (a < 0 and d < -low)
+                surrogate, active = (0.0, False) if dropped else (rho * a, True)
+            k3 = math.exp(s - l) - (s - l) - 1
+            total += -surrogate + kl_coef * k3
+            grad[b, t] = (-rho * a if active else 0.0) + kl_coef * (1 - math.exp(s - l))
+    return total / max(n, 1), grad / max(n, 1)
+
+
+@pytest.mark.parametrize("trust_region", ["clip", "prob_diff"])
+@pytest.mark.parametrize("seed", range(3))
+def test_policy_losses_match_per_token_reference(trust_region, seed):
+    g = torch.Generator().manual_seed(seed)
+    shape = (4, 9)
+    sampling = torch.log(torch.rand(shape, generator=g, dtype=torch.float64) * 0.98 + 0.01)
+    logprobs = (sampling + torch.randn(shape, generator=g, dtype=torch.float64) * 0.5).clamp(max=0.0)
+    advantages = torch.randn(shape, generator=g, dtype=torch.float64)
+    mask = torch.rand(shape, generator=g) < 0.7
+    low, high, kl_coef = 0.2, 0.28, 0.05
+    fn = ppo_clip_loss if trust_region == "clip" else prob_diff_mask_loss
+    bounds = dict(clip_low=low, clip_high=high) if trust_region == "clip" else dict(delta_low=low, delta_high=high)
+    logprobs.requires_grad_(True)
+    loss, _ = fn(logprobs, sampling, advantages, mask, kl_coef=kl_coef, **bounds)
+    loss.backward()
+    want_loss, want_grad = policy_loss_reference(logprobs.detach(), sampling, advantages, mask, trust_region, low,
+                                                 high, kl_coef)
+    assert loss.item() == pytest.approx(want_loss)
+    torch.testing.assert_close(logprobs.grad, want_grad)
+
+
+OLD = torch.tensor([[0.5, 2.5, 4.0, float("nan")]])
+
+
+def test_value_loss_clipped_against_scored_prediction_hand_worked():
+    # pred (1, 2, 5), old (0.5, 2.5, 4), target (0, 2, 2), ε = 0.2, mse:
+    # t0: clip = 0.5 + clip(0.5) = 0.7;  ½·1² = 0.5  vs ½·0.7² = 0.245  → 0.5   (unclipped: gradient e = 1)
+    # t1: clip = 2.5 + clip(−0.5) = 2.3; ½·0² = 0    vs ½·0.3² = 0.045  → 0.045 (clipped: no gradient)
+    # t2: clip = 4 + clip(1) = 4.2;      ½·3² = 4.5  vs ½·2.2² = 2.42   → 4.5   (unclipped: gradient e = 3)
+    # loss = (0.5 + 0.045 + 4.5)/3 = 5.045/3; clip_fraction = 1/3
+    pred = PRED.clone().requires_grad_(True)
+    loss, stats = value_loss(pred, TARGETS, MASK, old_values=OLD, clip_range=0.2, with_stats=True)
+    assert loss.item() == pytest.approx(5.045 / 3)
+    assert stats["clip_fraction"] == pytest.approx(1 / 3)
+    loss.backward()
+    torch.testing.assert_close(pred.grad, torch.tensor([[1 / 3, 0.0, 1.0, 0.0]]))
+    # huber, δ = 1: t0 ½ vs ½·0.49 → 0.5; t1 0 vs 0.045 → 0.045; t2 1·(3 − ½) = 2.5 vs 1·(2.2 − ½) = 1.7 → 2.5
+    loss = value_loss(PRED, TARGETS, MASK, kind="huber", old_values=OLD, clip_range=0.2)
+    assert loss.item() == pytest.approx(3.045 / 3)
+    # without clipping the stats say 0
+    _, stats = value_loss(PRED, TARGETS, MASK, with_stats=True)
+    assert stats["clip_fraction"] == 0.0
+
+
+def test_value_loss_bce_head_hand_worked():
+    # logits (0, ln 3, ln 3), targets (1, 1, 0): σ = (1/2, 3/4, 3/4)
+    # ℓ = (−ln ½, −ln ¾, −ln ¼) = (ln 2, ln 4/3, ln 4); loss = ln(2·4/3·4)/3 = ln(32/3)/3
+    logits = torch.tensor([[0.0, LN3, LN3, float("nan")]], requires_grad=True)
+    targets = torch.tensor([[1.0, 1.0, 0.0, 7.0]])  # 7 off-mask is never checked nor read
+    loss = value_loss(logits, targets, MASK, kind="bce")
+    assert loss.item() == pytest.approx(math.log(32 / 3) / 3)
+    loss.backward()  # (σ − y)/3 = (−1/2, −1/4, 3/4)/3
+    torch.testing.assert_close(logits.grad, torch.tensor([[-0.5 / 3, -0.25 / 3, 0.75 / 3, 0.0]]))
+    torch.testing.assert_close(values_from_head(logits.detach()[:, :3], "bce"), torch.tensor([[0.5, 0.75, 0.75]]))
+    assert values_from_head(PRED, "mse") is PRED
+
+
+def test_value_loss_rejects_inconsistent_options():
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        value_loss(PRED, TARGETS, MASK, kind="bce")  # target 2 on a policy token
+    with pytest.raises(ValueError, match="not 'bce'"):
+        value_loss(PRED, TARGETS.clamp(0, 1), MASK, kind="bce", old_values=OLD, clip_range=0.2)
+    with pytest.raises(ValueError, match="both"):
+        value_loss(PRED, TARGETS, MASK, old_values=OLD)
+    with pytest.raises(ValueError, match="> 0"):
+        value_loss(PRED, TARGETS, MASK, old_values=OLD, clip_range=0.0)
+
+
+def value_loss_reference(pred, targets, mask, kind, delta, old, clip_range):
+    total, n = 0.0, int(mask.sum())
+    for p, y, o, m in zip(pred.flatten().tolist(), targets.flatten().tolist(), old.flatten().tolist(),
+                          mask.flatten().tolist()):
+        if not m:
+            continue
+        if kind == "bce":
+            s = 1 / (1 + math.exp(-p))
+            total += -(y * math.log(s) + (1 - y) * math.log(1 - s))
+            continue
+
+        def loss(e):
+            return 0.5 * e * e if kind == "mse" or abs(e) <= delta else delta * (abs(e) - 0.5 * delta)
+
+        value = loss(p - y)
+        if clip_range is not None:
+            value = max(value, loss(o + min(max(p - o, -clip_range), clip_range) - y))
+        total += value
+    return total / max(n, 1)
+
+
+@pytest.mark.parametrize("kind,clip_range", [("mse", None), ("mse", 0.1), ("huber", None), ("huber", 0.3),
+                                             ("bce", None)])
+def test_value_loss_matches_per_token_reference(kind, clip_range):
+    g = torch.Generator().manual_seed(7)
+    pred = torch.randn(3, 8, generator=g, dtype=torch.float64) * 2
+    targets = torch.rand(3, 8, generator=g, dtype=torch.float64) * (1 if kind == "bce" else 3)
+    old = pred + torch.randn(3, 8, generator=g, dtype=torch.float64) * 0.3
+    mask = torch.rand(3, 8, generator=g) < 0.7
+    loss = value_loss(pred, targets, mask, kind=kind, huber_delta=0.8,
+                      old_values=old if clip_range else None, clip_range=clip_range)
+    assert loss.item() == pytest.approx(value_loss_reference(pred, targets, mask, kind, 0.8, old, clip_range))

@@ -87,9 +87,12 @@ def test_truncate_for_critic_and_bootstrap_value():
     # the first policy token that did not fit.
     bootstrap = critic_values[-1:]
     assert bootstrap.item() == fake_critic(PREFIX + MULTI_IDS[:7])[-1].item()
-    # GAE over kept tokens, γ = λ = 1, reward 0 (it lies beyond the cut): A_j = bootstrap − V_j.
-    advantages, _ = gae(torch.zeros(1, dtype=torch.float64), values[None], kept_mask[None], 1.0, 1.0, bootstrap)
+    # GAE over kept tokens with the cut flag from truncate_for_critic, γ = λ = 1: the reward (R = 1 here) lies
+    # beyond the cut and is not used; A_j = bootstrap − V_j and the targets are the bootstrap.
+    reward = torch.ones(1, dtype=torch.float64)
+    advantages, returns = gae(reward, values[None], kept_mask[None], 1.0, 1.0, bootstrap, cut=torch.tensor([cut]))
     torch.testing.assert_close(advantages[0][kept_mask], bootstrap - values[kept_mask])
+    torch.testing.assert_close(returns[0][kept_mask], bootstrap.expand(2))
 
 
 def test_mapping_refuses_policy_tokens_beyond_the_critic_context():

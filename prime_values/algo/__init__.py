@@ -1,6 +1,7 @@
 """Pure math on tensors: advantages, losses, privileged critic layout. Imports only torch."""
 
 from prime_values.algo.gae import (
+    TETHER_MODES,
     adaptive_lambda,
     advantages_and_targets,
     explained_variance,
@@ -8,9 +9,17 @@ from prime_values.algo.gae import (
     gae_reference,
     group_mean_baseline,
     grpo_advantages,
+    tether_advantages,
     whiten,
 )
-from prime_values.algo.losses import VALUE_LOSS_KINDS, ppo_clip_loss, token_logprobs, value_loss
+from prime_values.algo.losses import (
+    VALUE_LOSS_KINDS,
+    ppo_clip_loss,
+    prob_diff_mask_loss,
+    token_logprobs,
+    value_loss,
+    values_from_head,
+)
 from prime_values.algo.privileged import (
     batch_values_to_policy_layout,
     critic_layout,
@@ -20,6 +29,7 @@ from prime_values.algo.privileged import (
 )
 
 __all__ = [
+    "TETHER_MODES",
     "VALUE_LOSS_KINDS",
     "adaptive_lambda",
     "advantages_and_targets",
@@ -32,9 +42,12 @@ __all__ = [
     "grpo_advantages",
     "kept_policy_mask",
     "ppo_clip_loss",
+    "prob_diff_mask_loss",
+    "tether_advantages",
     "token_logprobs",
     "truncate_for_critic",
     "value_loss",
+    "values_from_head",
     "values_to_policy_layout",
     "whiten",
 ]

@@ -4,10 +4,16 @@ Shapes: ``B`` rollouts, right-padded to ``T`` tokens. ``policy_mask[b, t]`` is T
 sampled token ``t``; prompt, environment and padding tokens are False. ``values[b, t]`` is the critic's
 value of the causal state ``x_{<t}`` of policy token ``t`` (already aligned by the caller, see
 ``algo.privileged``) and is ignored where the mask is False. The reward is terminal: ``rewards[b]`` sits
-on the last policy token of rollout ``b``, even when environment tokens follow it.
+on the last policy token of rollout ``b``, even when environment tokens follow it, unless the caller flags
+the rollout as cut by the critic's context (``cut[b]``), in which case ``bootstrap[b]`` = V(s_cut) stands in.
+
+Estimators: ``gae`` (value baseline), ``grpo_advantages`` (group-mean baseline) and ``tether_advantages``
+(a blend of the two weighted by the critic's accuracy).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -22,6 +28,29 @@ def _per_rollout(x: float | Tensor, batch: int, like: Tensor, name: str) -> Tens
     return x
 
 
+def _terminal(
+    rewards: Tensor, bootstrap: Tensor | None, cut: Tensor | None, batch: int, like: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(r_n, V(p_{n+1})) per rollout: (R, 0) for a terminal rollout, (0, bootstrap) for one the critic cut."""
+    rewards = _per_rollout(rewards, batch, like, "rewards")
+    if cut is None:
+        if bootstrap is not None:
+            raise ValueError("bootstrap is used only where the per-rollout `cut` flag says so: pass cut=[B] bool")
+        return rewards, torch.zeros_like(rewards)
+    cut = torch.as_tensor(cut, device=like.device).bool()
+    assert cut.shape == (batch,), f"cut must be a [B={batch}] bool tensor, got shape {tuple(cut.shape)}"
+    if bootstrap is None:
+        if cut.any():
+            raise ValueError("a rollout is marked cut but no bootstrap value V(s_cut) was given")
+        return rewards, torch.zeros_like(rewards)
+    bootstrap = _per_rollout(bootstrap, batch, like, "bootstrap")
+    zero = torch.zeros_like(rewards)
+    return torch.where(cut, zero, rewards), torch.where(cut, bootstrap, zero)
+
+
+_CHUNK = 256  # positions per block of the scan in ``gae``: a block's [B, 256] working set stays in cache
+
+
 def gae(
     rewards: Tensor,
     values: Tensor,
@@ -29,19 +58,34 @@ def gae(
     gamma: float,
     lam: float | Tensor,
     bootstrap: Tensor | None = None,
+    cut: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over policy tokens only.
 
     Environment, prompt and padding tokens are skipped entirely: one γλ step per policy token, not per
-    position. For the k-th of a rollout's n policy tokens p_1 … p_n:
+    position, and their values are never read. For the k-th of a rollout's n policy tokens p_1 … p_n:
 
-        δ_k = r_k + γ·V(p_{k+1}) − V(p_k),   r_k = 0 for k < n,  r_n = R,  V(p_{n+1}) = bootstrap (0 if None)
-        A_k = Σ_i (γλ)^i δ_{k+i}  =  δ_k + γλ·A_{k+1}
+        δ_k = r_k + γ·V(p_{k+1}) − V(p_k),   r_k = 0 for k < n
+        A_k = Σ_i (γλ)^i δ_{k+i}  =  δ_k + γλ·A_{k+1}            (A_{n+1} = 0)
         returns_k = A_k + V(p_k)
 
-    ``bootstrap`` is for a rollout the critic's context cut short (``algo.privileged``): it is added as
-    given, next to ``R``, so a caller that bootstraps a truncated trace passes the reward it wants on the
-    last kept policy token (normally 0, the verifier reward lying beyond the cut).
+    and the end of the trace is either
+        terminal (the default, a rollout that hit the generation cap included):  r_n = R,  V(p_{n+1}) = 0
+        cut by the critic's context (``cut[b]`` True):                           r_n = 0,  V(p_{n+1}) = bootstrap[b]
+    On a cut rollout the verifier reward lies beyond the cut and V(s_cut) stands in for it. Whether a rollout
+    was cut is the caller's explicit flag (``algo.privileged.truncate_for_critic``), never inferred here from
+    padding or from the number of policy tokens.
+
+    Computation: returns obey the λ-return recursion  G_k = r_k + γ·((1 − λ)·V(p_{k+1}) + λ·G_{k+1}),
+    G_n = r_n + γ·V(p_{n+1}), which carries ONE number per rollout backwards over raw positions t:
+
+        Z_t = u_t + f_t·Z_{t+1},   u_t = γ(1 − λ)·V_t, f_t = γλ   at a policy token
+                                   u_t = 0,            f_t = 1    elsewhere (the skip: Z passes through)
+        Z_T = r_n + γ·V(p_{n+1}),  returns_t = Z_{t+1},  A_t = Z_{t+1} − V_t   at policy tokens
+
+    The scan is vectorised over rollouts and runs block by block (``_CHUNK`` positions, transposed so a step
+    reads one contiguous row); ``bench/bench_gae.py`` times it against the textbook per-token loop and
+    ``gae_reference`` checks it. No gradient flows through it: values are data here.
 
     Args:
         rewards: [B] terminal reward R of each rollout.
@@ -49,7 +93,8 @@ def gae(
         policy_mask: [B, T] bool (or 0/1).
         gamma: discount γ per policy token.
         lam: λ, a float or a [B] tensor (one λ per rollout, e.g. ``adaptive_lambda``).
-        bootstrap: [B] V(p_{n+1}), or None for terminal rollouts.
+        bootstrap: [B] V(s_cut) of the cut rollouts (read only where ``cut``; anything elsewhere).
+        cut: [B] bool, True where the critic's context cut the rollout; None = no rollout was cut.
 
     Returns:
         (advantages [B, T], returns [B, T]); both exactly 0 where the mask is False.
@@ -59,30 +104,36 @@ def gae(
         f"policy_mask {tuple(policy_mask.shape)} and values {tuple(values.shape)} must have the same [B, T] shape"
     )
     batch, length = values.shape
+    values = values.detach()
     mask = policy_mask.bool()
-    rewards = _per_rollout(rewards, batch, values, "rewards")
+    last_reward, next_value = _terminal(rewards, bootstrap, cut, batch, values)
     lam = _per_rollout(lam, batch, values, "lam")
-    next_value = (
-        torch.zeros(batch, dtype=values.dtype, device=values.device)
-        if bootstrap is None
-        else _per_rollout(bootstrap, batch, values, "bootstrap").clone()
-    )
-    # Garbage (even nan) off-mask must not reach the arithmetic: select, never multiply by the mask.
-    values = torch.where(mask, values, torch.zeros_like(values))
-    next_advantage = torch.zeros_like(next_value)  # A_{k+1}; 0 past the last policy token
-    seen_last = torch.zeros(batch, dtype=torch.bool, device=values.device)
-    advantages = torch.zeros_like(values)
-    for t in reversed(range(length)):
-        m = mask[:, t]
-        r = torch.where(m & ~seen_last, rewards, torch.zeros_like(rewards))  # R on the last policy token
-        delta = r + gamma * next_value - values[:, t]
-        advantage = delta + gamma * lam * next_advantage
-        advantages[:, t] = torch.where(m, advantage, torch.zeros_like(advantage))
-        # Off-mask positions carry V(p_{k+1}) and A_{k+1} through unchanged: that is the skip.
-        next_value = torch.where(m, values[:, t], next_value)
-        next_advantage = torch.where(m, advantage, next_advantage)
-        seen_last |= m
-    returns = torch.where(mask, advantages + values, torch.zeros_like(values))
+    decay = gamma * lam  # f_t at policy tokens
+    weight = gamma * (1.0 - lam)  # u_t / V_t at policy tokens
+    zero, one = values.new_zeros(()), values.new_ones(())
+    advantages, returns = torch.empty_like(values), torch.empty_like(values)
+    # One block's scan buffers, [w + 1, B] and [w, B]: row i is position start + i, z[w] is Z_end (the carry).
+    # Allocated and split into rows once: the per-step work is then a single in-place addcmul.
+    z = values.new_empty(_CHUNK + 1, batch)
+    f = values.new_empty(_CHUNK, batch)
+    z_rows, f_rows = z.unbind(0), f.unbind(0)
+    carry = last_reward + gamma * next_value  # Z_T
+    for end in range(length, 0, -_CHUNK):
+        start = max(end - _CHUNK, 0)
+        width = end - start
+        z[width] = carry  # before the block overwrites row 0, which holds the previous block's Z_start
+        # Copy the block out before transposing: reading [B, w] in place, rows T floats apart, thrashes the cache.
+        m = mask[:, start:end].contiguous()
+        v = torch.where(m, values[:, start:end].contiguous(), zero)  # select: garbage off-mask never enters
+        torch.mul(v.T.contiguous(), weight, out=z[:width])  # u, in rows [w, B]: row i is position start + i
+        torch.where(m.T.contiguous(), decay, one, out=f[:width])
+        for i in reversed(range(width)):
+            z_rows[i].addcmul_(f_rows[i], z_rows[i + 1])  # Z_t = u_t + f_t·Z_{t+1}
+        carry = z_rows[0]
+        next_z = z[1 : width + 1].T.contiguous()  # [B, w]: Z_{t+1} = returns_t at policy tokens
+        block_returns = returns[:, start:end]
+        torch.where(m, next_z, zero, out=block_returns)
+        torch.sub(block_returns, v, out=advantages[:, start:end])  # A = returns − V; both 0 off-mask
     return advantages, returns
 
 
@@ -93,6 +144,7 @@ def gae_reference(
     gamma: float,
     lam: float | Tensor,
     bootstrap: Tensor | None = None,
+    cut: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Slow, obviously-correct ``gae``: per rollout, list its policy tokens, then sum the δ's directly.
 
@@ -100,16 +152,16 @@ def gae_reference(
     """
     batch, length = values.shape
     lams = _per_rollout(lam, batch, values, "lam").tolist()
-    boots = [0.0] * batch if bootstrap is None else _per_rollout(bootstrap, batch, values, "bootstrap").tolist()
+    last_rewards, next_values = (x.tolist() for x in _terminal(rewards, bootstrap, cut, batch, values))
     advantages = torch.zeros_like(values)
     returns = torch.zeros_like(values)
     for b in range(batch):
         positions = [t for t in range(length) if bool(policy_mask[b, t])]
         n = len(positions)
-        v = [float(values[b, t]) for t in positions] + [boots[b]]
+        v = [float(values[b, t]) for t in positions] + [next_values[b]]
         r = [0.0] * n
         if n:
-            r[-1] = float(rewards[b])
+            r[-1] = last_rewards[b]
         deltas = [r[k] + gamma * v[k + 1] - v[k] for k in range(n)]
         for k, t in enumerate(positions):
             a = sum((gamma * lams[b]) ** i * deltas[k + i] for i in range(n - k))
@@ -134,17 +186,20 @@ def advantages_and_targets(
     lambda_policy: float | Tensor,
     lambda_value: float | Tensor,
     bootstrap: Tensor | None = None,
+    cut: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Decoupled λ: advantages = GAE(λ_policy).advantages, value_targets = GAE(λ_value).returns.
 
-    With γ = λ_value = 1 and no bootstrap the value targets are the Monte-Carlo return R at every policy
-    token, which does not go stale while a rollout waits in the critic's replay buffer.
+    With γ = λ_value = 1 the value targets of a terminal rollout are the Monte-Carlo return R at every policy
+    token, which does not go stale while a rollout waits in the critic's replay buffer (a cut rollout's are
+    V(s_cut), its bootstrap). With λ_policy ≠ λ_value the targets are not advantages + values. ``bootstrap``
+    and ``cut`` as in ``gae``.
 
     Returns:
         (advantages [B, T], value_targets [B, T]); 0 where the mask is False.
     """
-    advantages, _ = gae(rewards, values, policy_mask, gamma, lambda_policy, bootstrap)
-    _, value_targets = gae(rewards, values, policy_mask, gamma, lambda_value, bootstrap)
+    advantages, _ = gae(rewards, values, policy_mask, gamma, lambda_policy, bootstrap, cut)
+    _, value_targets = gae(rewards, values, policy_mask, gamma, lambda_value, bootstrap, cut)
     return advantages, value_targets
 
 
@@ -207,6 +262,96 @@ def grpo_advantages(
     mask = policy_mask.bool()
     per_token = advantage[:, None].expand(mask.shape)
     return torch.where(mask, per_token, torch.zeros_like(per_token))
+
+
+TETHER_MODES = ("group", "running")
+
+
+def _group_r2(
+    returns: Tensor, values: Tensor, mask: Tensor, index: Tensor, n_groups: int, min_group_var: float, fallback: float
+) -> Tensor:
+    """Per group g, over its policy tokens: clamp(1 − Σ(G − V)² / Σ(G − mean_g G)², 0, 1), or ``fallback`` where
+    the population variance of G is ≤ ``min_group_var`` (no policy token included).  -> [n_groups]."""
+    tokens = index[:, None].expand_as(mask)[mask]  # the group of every policy token
+    g, v = returns[mask].double(), values[mask].double()
+    zeros = torch.zeros(n_groups, dtype=torch.float64, device=returns.device)
+    count = zeros.index_add(0, tokens, torch.ones_like(g))
+    mean = zeros.index_add(0, tokens, g) / count.clamp(min=1)
+    ss_total = zeros.index_add(0, tokens, (g - mean[tokens]) ** 2)
+    ss_residual = zeros.index_add(0, tokens, (g - v) ** 2)
+    informative = ss_total > min_group_var * count
+    r2 = 1.0 - ss_residual / torch.where(informative, ss_total, torch.ones_like(ss_total))
+    weight = torch.where(informative, r2.clamp(0.0, 1.0), torch.full_like(r2, fallback))
+    return weight.to(returns.dtype)
+
+
+def tether_advantages(
+    rewards: Tensor,
+    values: Tensor,
+    group_ids: list | Tensor,
+    policy_mask: Tensor,
+    *,
+    mode: str = "group",
+    critic_ev: float | None = None,
+    gamma: float = 1.0,
+    lam: float | Tensor = 1.0,
+    bootstrap: Tensor | None = None,
+    cut: Tensor | None = None,
+    leave_one_out: bool = False,
+    min_group_var: float = 1e-6,
+) -> tuple[Tensor, Tensor]:
+    """TETHER: a baseline blended between the group mean and the critic by how accurate the critic is.
+
+        b_i = group-mean baseline of rollout i (``group_mean_baseline``, optionally leave-one-out)
+        Ṽ_t = w_i·V(s_t) + (1 − w_i)·b_i     at i's policy tokens, and likewise for V(s_cut) of a cut rollout
+        A   = gae(R, Ṽ, γ, λ).advantages      (with λ < 1 the blend replaces V in the TD errors)
+        γ = λ = 1, not cut:   A_t = R_i − (w_i·V(s_t) + (1 − w_i)·b_i)
+
+    The weight w ∈ [0, 1] is the share of the return variance the critic explains:
+      mode="running"  w = clamp(critic_ev, 0, 1) for every rollout, ``critic_ev`` being the caller's running
+                      explained variance of the critic on fresh rollouts (nan, i.e. undefined, gives 0).
+      mode="group"    per group g, over the policy tokens of its rollouts, G_t the λ = 1 returns (R when γ = 1):
+                          R²_g = 1 − Σ_t (G_t − V(s_t))² / Σ_t (G_t − mean_g G)²,    w_g = clamp(R²_g, 0, 1)
+                      R² is explained variance that also charges bias: a critic off by a constant c has EV 1
+                      but would shift every advantage by −c. A group whose returns do not vary (population
+                      variance ≤ ``min_group_var``: all rewards equal, a group of one) says nothing about the
+                      critic and takes clamp(critic_ev, 0, 1) when given, else 0 (the group-mean advantage).
+    (Inverse-variance weighting of the two baselines, DESIGN §3, gives a useless critic — MSE = Var(R) —
+    the weight 1/(n + 1) rather than 0, so it does not reduce to the group mean; hence this rule.)
+
+    Limits, with γ = λ = 1, no cut and leave_one_out=False: w = 0 (R² or EV ≤ 0) is exactly
+    ``grpo_advantages`` (R − mean_g R); w = 1 (a perfect critic) is exactly the value-baseline advantage
+    R − V(s_t), ``gae`` with λ = 1. Value targets do not depend on the estimator: compute them from the
+    critic's own values with ``advantages_and_targets``.
+
+    Args:
+        rewards [B], values [B, T] (any value off-mask), group_ids [B], policy_mask [B, T]; gamma, lam,
+        bootstrap and cut as in ``gae``.
+
+    Returns:
+        (advantages [B, T], 0 off-mask;  weight [B]: the w of each rollout, to log)
+    """
+    if mode not in TETHER_MODES:
+        raise ValueError(f"tether mode {mode!r} is unknown; choose one of {', '.join(TETHER_MODES)}")
+    if mode == "running" and critic_ev is None:
+        raise ValueError("tether mode 'running' needs the critic's running explained variance (critic_ev)")
+    mask = policy_mask.bool()
+    batch = values.shape[0]
+    values = torch.where(mask, values.detach(), torch.zeros_like(values))
+    rewards = _per_rollout(rewards, batch, values, "rewards")
+    index, n_groups = _group_index(group_ids, rewards)
+    baseline = group_mean_baseline(rewards, index, leave_one_out)
+    trust = 0.0 if critic_ev is None or math.isnan(critic_ev) else min(max(float(critic_ev), 0.0), 1.0)
+    if mode == "running":
+        weight = torch.full_like(rewards, trust)
+    else:
+        _, returns = gae(rewards, values, mask, gamma, 1.0, bootstrap, cut)
+        weight = _group_r2(returns, values, mask, index, n_groups, min_group_var, trust)[index]
+    blended = weight[:, None] * values + (1.0 - weight[:, None]) * baseline[:, None]
+    if bootstrap is not None:
+        bootstrap = weight * _per_rollout(bootstrap, batch, values, "bootstrap") + (1.0 - weight) * baseline
+    advantages, _ = gae(rewards, blended, mask, gamma, lam, bootstrap, cut)
+    return advantages, weight
 
 
 def whiten(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
