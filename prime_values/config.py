@@ -80,6 +80,17 @@ class PolicyConfig:
 
 
 @dataclass
+class WarmupConfig:
+    min_version: int = 0
+    """the policy's first update waits until values come from at least this critic version (0 = no wait)"""
+    min_explained_variance: Optional[float] = None
+    """...and until the critic's explained variance on the last `inference.prompts_per_step` scored groups
+    reaches this (null = no condition)"""
+    max_rollouts: int = 20000
+    """open the gate anyway after this many warm-up rollouts were scored, with a warning (0 = never)"""
+
+
+@dataclass
 class CriticConfig:
     init: str = "policy"
     """'policy': backbone from the warm-started policy, fresh value head; 'scratch': random init from
@@ -109,6 +120,9 @@ class CriticConfig:
     """rollouts per scoring forward pass in the evaluator"""
     throttle_s: float = 0.0
     """sleep after every critic optimizer step (a benchmark knob that simulates a slow critic)"""
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    """hold the policy's first update until the critic is good enough; inference keeps filling the log
+    meanwhile (those rollouts train the critic; groups scored before the gate opened never reach a batch)"""
 
 
 @dataclass

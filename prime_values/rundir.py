@@ -63,6 +63,11 @@ class RunDir:
         return self.stop_file.exists()
 
     @property
+    def warmup_done_file(self) -> Path:
+        """Written by the orchestrator when the critic warm-up gate opens (critic.warmup)."""
+        return self.root / "control" / "warmup_done"
+
+    @property
     def conductor_file(self) -> Path:
         return self.root / "control" / "conductor.json"
 

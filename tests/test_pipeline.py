@@ -76,12 +76,23 @@ def assert_roles_did_their_part(run_dir: Path, steps: int, critic: bool) -> None
 @pytest.mark.parametrize("topology", ["cpu", "colocated"])
 def test_pipeline_with_critic(tmp_path, topology):
     run_dir = tmp_path / "run"
-    result = run_pipeline(run_dir, f"topology={topology}")
+    warmup = topology == "cpu"  # one of the two runs also holds the policy for a critic warm-up
+    result = run_pipeline(run_dir, f"topology={topology}", *(["critic.warmup.min_version=3"] if warmup else []))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "== prime_values run finished ==" in result.stdout and str(run_dir) in result.stdout
     assert_roles_did_their_part(run_dir, 8, critic=True)
     jobs = {p.name for p in (run_dir / "jobs").iterdir()}
     assert ("evaluator" in jobs) == (topology == "cpu"), jobs
+    first = stream_table(run_dir, "batches").filter(ds.field("step") == 1).column("critic_version").to_pylist()
+    if warmup:
+        assert min(first) >= 3, f"batch 1 used values of critic versions {first} before the warm-up gate"
+        assert (run_dir / "control" / "warmup_done").exists()
+        chunks = read_metrics(run_dir / "metrics" / "inference0.jsonl")
+        assert any(c["warmup"] for c in chunks) and not chunks[-1]["warmup"], "inference did not free-run"
+        orchestrated = read_metrics(run_dir / "metrics" / "orchestrator.jsonl")
+        assert orchestrated[-1]["dropped_warmup"] > 0
+    else:
+        assert min(first) == 0  # no gate: the first batch uses the pretrained critic v0
 
 
 def test_pipeline_grpo_starts_no_critic(tmp_path):

@@ -12,6 +12,7 @@ import random
 import time
 
 from prime_values.roles.common import RoleContext
+from prime_values.rundir import write_atomic
 from prime_values.weights import Adopter, latest_version
 
 
@@ -42,6 +43,28 @@ def build_rows(problems, completions, prompt_ids, task, policy_version: int, sha
     return rows
 
 
+class WarmupOffset:
+    """During the critic warm-up (critic.warmup) inference runs free: its chunks only train the critic. When the
+    orchestrator opens the gate, the next chunk becomes the one for step 1; that offset is kept in the role's
+    state directory so a restarted worker counts the same way."""
+
+    def __init__(self, ctx: RoleContext) -> None:
+        w, self.run = ctx.cfg.critic.warmup, ctx.run
+        self.path = ctx.state / "warmup_offset"
+        enabled = ctx.cfg.advantage.estimator != "grpo" and (w.min_version > 0 or w.min_explained_variance is not None)
+        self._offset = int(self.path.read_text()) if self.path.exists() else (None if enabled else 0)
+
+    @property
+    def free_running(self) -> bool:
+        return self._offset is None
+
+    def offset(self, chunk: int) -> int:
+        if self._offset is None and self.run.warmup_done_file.exists():
+            self._offset = chunk
+            write_atomic(self.path, f"{chunk}\n")
+        return self._offset or 0
+
+
 def main(run_dir: str, worker: int = 0) -> None:
     from transformers import AutoTokenizer
 
@@ -61,11 +84,12 @@ def main(run_dir: str, worker: int = 0) -> None:
     prompts_per_chunk = cfg.inference.prompts_per_step // cfg.topology.inference_workers
     chunk = writer.next_seq  # resumes after the last published segment
     paused_s = 0.0
+    warmup = WarmupOffset(ctx)
 
     while not ctx.stopping():
-        step = chunk + 1  # the policy step this chunk is generated for
+        step = chunk + 1 - warmup.offset(chunk)  # the policy step this chunk is generated for
         needed = step - 1 - cfg.schedule.max_off_policy
-        if step > cfg.steps or (latest_version(policy_root) or 0) < needed:
+        if not warmup.free_running and (step > cfg.steps or (latest_version(policy_root) or 0) < needed):
             paused = time.time()
             ctx.wait()  # paused: ahead of the policy trainer (or done)
             paused_s += time.time() - paused
@@ -82,7 +106,8 @@ def main(run_dir: str, worker: int = 0) -> None:
         writer.append(rows)
         elapsed = time.time() - started
         new_tokens = sum(sum(r["policy_mask"]) for r in rows)
-        ctx.metrics.log(chunk=chunk, for_step=step, policy_version=policy.version, rollouts=len(rows),
+        ctx.metrics.log(chunk=chunk, for_step=step, warmup=warmup.free_running, policy_version=policy.version,
+                        rollouts=len(rows),
                         reward_mean=sum(r["reward"] for r in rows) / len(rows), gen_s=elapsed,
                         tokens_per_s=new_tokens / max(elapsed, 1e-9), paused_s=paused_s)
         paused_s = 0.0

@@ -19,6 +19,7 @@ from prime_values.algo.gae import advantages_and_targets, explained_variance, gr
 from prime_values.log import to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import padded
+from prime_values.rundir import write_atomic
 from prime_values.weights import latest_version
 
 
@@ -104,19 +105,55 @@ def batch_rows(step: int, groups: list[dict], whiten_advantages: bool) -> list[d
     } for b, r in enumerate(rollouts)]
 
 
+def _cat(groups: list[dict], key: str) -> torch.Tensor:
+    """One scored field of several groups, right-padded to a common width: [sum G, T]."""
+    width = max(g["scored"]["mask"].shape[1] for g in groups)
+    return torch.cat([torch.nn.functional.pad(g["scored"][key], (0, width - g["scored"][key].shape[1]))
+                      for g in groups])
+
+
+class WarmupGate:
+    """critic.warmup: batch 1 waits until the values come from critic version >= `min_version` and the
+    explained variance over the last `prompts_per_step` scored groups is >= `min_explained_variance`, or until
+    `max_rollouts` warm-up rollouts were scored. Groups scored while the gate is closed only train the critic.
+    Opening writes `control/warmup_done`, which tells inference to stop free-running (and survives restarts)."""
+
+    def __init__(self, cfg, run) -> None:
+        w = cfg.critic.warmup
+        self.min_version, self.min_ev, self.max_rollouts = w.min_version, w.min_explained_variance, w.max_rollouts
+        self.file = run.warmup_done_file
+        self.is_open = self.file.exists() or (self.min_version <= 0 and self.min_ev is None)
+        self.recent: deque[dict] = deque(maxlen=cfg.inference.prompts_per_step)
+        self.scored = 0
+
+    def admit(self, group: dict) -> bool:
+        """Observe a scored group; True when it may go into policy batches."""
+        if self.is_open:
+            return True
+        self.recent.append(group)
+        self.scored += len(group["rollouts"])
+        version = max(v["critic_version"] for g in self.recent for v in g["values"])
+        ev = explained_variance(_cat(list(self.recent), "values"), _cat(list(self.recent), "targets"),
+                                _cat(list(self.recent), "mask"))
+        good = version >= self.min_version and (
+            self.min_ev is None or (len(self.recent) == self.recent.maxlen and ev >= self.min_ev))
+        capped = 0 < self.max_rollouts <= self.scored
+        if good or capped:
+            self.is_open = True
+            self.reason = (f"critic version {version}, explained variance {ev:.3f} after {self.scored} warm-up "
+                           f"rollouts" + ("" if good else f" (critic.warmup.max_rollouts={self.max_rollouts} reached)"))
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.file, self.reason + "\n")
+        return False
+
+
 def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = None) -> dict:
     """Policy-side and critic-health figures of one batch (DESIGN §3): reward, off-policy lag, advantage
     statistics, and, with a critic, explained variance on fresh rollouts, mean value vs mean return at the
     first policy token, and how many critic versions behind the newest the values were scored."""
     rewards = [r["reward"] for g in groups for r in g["rollouts"]]
     versions = [r["policy_version"] for g in groups for r in g["rollouts"]]
-    width = max(g["scored"]["mask"].shape[1] for g in groups)
-
-    def cat(key):
-        return torch.cat([torch.nn.functional.pad(g["scored"][key], (0, width - g["scored"][key].shape[1]))
-                          for g in groups])
-
-    mask, advantages = cat("mask"), cat("advantages")
+    mask, advantages = _cat(groups, "mask"), _cat(groups, "advantages")
     a = advantages[mask]
     out = {"step": step, "reward_mean": sum(rewards) / len(rewards),
            "off_policy_mean": sum((step - 1) - v for v in versions) / len(versions),
@@ -124,7 +161,7 @@ def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = Non
            "advantage_mean": a.mean().item(), "advantage_std": a.std().item() if a.numel() > 1 else 0.0,
            "advantage_abs_mean": a.abs().mean().item(), "advantage_positive": (a > 0).float().mean().item()}
     if groups[0]["values"] is not None:
-        values, targets = cat("values"), cat("targets")
+        values, targets = _cat(groups, "values"), _cat(groups, "targets")
         first = mask.float().argmax(dim=1)  # the first policy token of each rollout
         rows = torch.arange(len(first))
         # values were predicted before the critic trained on these rollouts: a fresh-data measurement
@@ -149,9 +186,10 @@ def main(run_dir: str) -> None:
     batches = ctx.writer("batches", "main")
     targets = ctx.writer("targets", "main") if needs_values else None
     join = GroupJoin(cfg.inference.group_size, needs_values)
+    gate = WarmupGate(cfg, ctx.run) if needs_values else None
     ready: deque[dict] = deque()
     step = batches.next_seq + 1  # batch n is segment n - 1 of the batches stream
-    dropped_stale = 0
+    dropped_stale = dropped_warmup = 0
 
     while not ctx.stopping():
         new = rollouts.poll()
@@ -162,7 +200,14 @@ def main(run_dir: str) -> None:
         scored_rows = []
         for group_rollouts, group_values in complete:
             scored = score_group(group_rollouts, group_values, cfg)
-            ready.append({"rollouts": group_rollouts, "values": group_values, "scored": scored})
+            group = {"rollouts": group_rollouts, "values": group_values, "scored": scored}
+            if gate is None or gate.admit(group):
+                ready.append(group)
+            else:
+                dropped_warmup += len(group_rollouts)
+                if gate.is_open:
+                    ctx.log.info("critic warm-up done: %s", gate.reason)
+                    ctx.metrics.log(warmup_done=True, warmup_rollouts=gate.scored)
             if group_values is not None:
                 scored_rows += target_rows(group_rollouts, group_values, scored)
         if scored_rows:
@@ -177,7 +222,7 @@ def main(run_dir: str) -> None:
             groups = [ready.popleft() for _ in range(cfg.inference.prompts_per_step)]
             batches.append(batch_rows(step, groups, cfg.advantage.whiten))
             newest = latest_version(ctx.run.weights("critic")) if needs_values else None
-            ctx.metrics.log(**batch_metrics(step, groups, newest), dropped_stale=dropped_stale,
+            ctx.metrics.log(**batch_metrics(step, groups, newest), dropped_stale=dropped_stale, dropped_warmup=dropped_warmup,
                             waiting_rollouts=join.waiting_rollouts, ready_groups=len(ready))
             step += 1
         if new or new_values:
