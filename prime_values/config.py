@@ -71,6 +71,13 @@ class PolicyConfig:
     """PPO ratio clip below: ratios under 1 - clip_low stop contributing gradient"""
     clip_high: float = 0.2
     """PPO ratio clip above: ratios over 1 + clip_high stop contributing gradient"""
+    trust_region: str = "clip"
+    """'clip': PPO ratio clipping (clip_low/clip_high); 'prob_diff': no gradient for tokens whose probability
+    moved more than prob_diff_high up (A > 0) or prob_diff_low down (A < 0) from the sampling policy"""
+    prob_diff_low: float = 0.2
+    """prob_diff trust region: largest probability drop below the sampling policy that still gets a push down"""
+    prob_diff_high: float = 0.2
+    """prob_diff trust region: largest probability rise above the sampling policy that still gets a push up"""
     kl_coef: float = 0.0
     """weight of the k3 KL estimate to the sampling policy (0 = off)"""
     micro_batch_rollouts: int = 0
@@ -109,7 +116,10 @@ class CriticConfig:
     max_grad_norm: float = 1.0
     """gradient-norm clip per critic step (0 = off)"""
     loss: str = "mse"
-    """value loss: 'mse' or 'huber'"""
+    """value loss: 'mse', 'huber' or 'bce' (sigmoid head for {0, 1} rewards; values are probabilities)"""
+    value_clip: float = 0.0
+    """clip each new prediction to within this of the value recorded at scoring time, PPO-style (the larger
+    of clipped and unclipped loss; 0 = off; not with bce)"""
     batch_rollouts: int = 64
     """rollouts per critic optimizer step, sampled from the replay buffer"""
     publish_every: int = 4
@@ -149,7 +159,16 @@ class ReplayConfig:
 @dataclass
 class AdvantageConfig:
     estimator: str = "gae"
-    """'gae' (pure value advantage from the critic) or 'grpo' (group-mean baseline)"""
+    """'gae' (pure value advantage from the critic), 'grpo' (group-mean baseline, no critic) or 'tether'
+    (baseline w·V + (1−w)·group mean, w = how accurate the critic is; see docs/value_functions.md)"""
+    tether_mode: str = "group"
+    """tether's weight w: 'group' = clamp(R², 0, 1) of the critic on each group's returns; 'running' =
+    clamp(explained variance on the last prompts_per_step scored groups, 0, 1)"""
+    grpo_std: bool = False
+    """grpo: divide the group-centred reward by the group's reward std (+1e-6)"""
+    adaptive_alpha: float = 0.0
+    """length-adaptive λ for the policy: λ_policy = clamp(1 − 1/(α·n), 0, 1) per rollout with n policy tokens
+    (VAPO); 0 = use lambda_policy for every rollout"""
     gamma: float = 1.0
     """discount per policy token"""
     lambda_policy: float = 1.0
@@ -272,12 +291,14 @@ def register() -> None:
 # --- semantic validation ---------------------------------------------------------------------------
 
 ALLOWED = {
-    "advantage.estimator": ("gae", "grpo"),
+    "advantage.estimator": ("gae", "grpo", "tether"),
+    "advantage.tether_mode": ("group", "running"),
+    "policy.trust_region": ("clip", "prob_diff"),
     "topology.evaluator": ("dedicated", "colocated"),
     "inference.backend": ("hf",),
     "launcher.name": ("local",),
     "replay.sampling": ("uniform", "fifo", "recent"),
-    "critic.loss": ("mse", "huber"),
+    "critic.loss": ("mse", "huber", "bce"),
     "task.name": ("arith",),
 }
 
@@ -321,10 +342,14 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 1")
     if cfg.schedule.max_off_policy < 0:
         raise ConfigError(f"schedule.max_off_policy={cfg.schedule.max_off_policy} must be >= 0 (0 = on-policy)")
+    if cfg.critic.value_clip < 0 or (cfg.critic.value_clip > 0 and cfg.critic.loss == "bce"):
+        raise ConfigError(f"critic.value_clip={cfg.critic.value_clip} must be >= 0 and is not defined for "
+                          "critic.loss=bce; set critic.value_clip=0")
     if cfg.inference.temperature <= 0:
         raise ConfigError(f"inference.temperature={cfg.inference.temperature} must be > 0")
-    if cfg.inference.group_size < 2 and cfg.advantage.estimator == "grpo":
-        raise ConfigError("inference.group_size must be >= 2 for advantage=grpo (a group mean of one is the reward)")
+    if cfg.inference.group_size < 2 and cfg.advantage.estimator in ("grpo", "tether"):
+        raise ConfigError(f"inference.group_size must be >= 2 for advantage={cfg.advantage.estimator} "
+                          "(a group mean of one is the reward)")
     workers = cfg.topology.inference_workers
     if cfg.inference.prompts_per_step % workers:
         raise ConfigError(f"inference.prompts_per_step={cfg.inference.prompts_per_step} must be divisible by "

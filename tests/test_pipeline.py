@@ -76,8 +76,10 @@ def assert_roles_did_their_part(run_dir: Path, steps: int, critic: bool) -> None
 @pytest.mark.parametrize("topology", ["cpu", "colocated"])
 def test_pipeline_with_critic(tmp_path, topology):
     run_dir = tmp_path / "run"
-    warmup = topology == "cpu"  # one of the two runs also holds the policy for a critic warm-up
-    result = run_pipeline(run_dir, f"topology={topology}", *(["critic.warmup.min_version=3"] if warmup else []))
+    warmup = topology == "cpu"  # one run also holds the policy for a critic warm-up, the other takes the options
+    options = ["critic.warmup.min_version=3"] if warmup else \
+        ["advantage=tether", "policy.trust_region=prob_diff", "critic.loss=bce", "advantage.lambda_value=0.9"]
+    result = run_pipeline(run_dir, f"topology={topology}", *options)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "== prime_values run finished ==" in result.stdout and str(run_dir) in result.stdout
     assert_roles_did_their_part(run_dir, 8, critic=True)
@@ -93,6 +95,12 @@ def test_pipeline_with_critic(tmp_path, topology):
         assert orchestrated[-1]["dropped_warmup"] > 0
     else:
         assert min(first) == 0  # no gate: the first batch uses the pretrained critic v0
+        batches = [m for m in read_metrics(run_dir / "metrics" / "orchestrator.jsonl") if "step" in m]
+        assert all(0 <= m["tether_weight_mean"] <= 1 for m in batches)
+        assert all("masked_fraction" in m for m in read_metrics(run_dir / "metrics" / "policy_trainer.jsonl")
+                   if "loss" in m)
+        values = stream_table(run_dir, "values").column("values").combine_chunks().values.to_numpy()
+        assert ((values >= 0) & (values <= 1)).all(), "bce critic values must be probabilities"
 
 
 def test_pipeline_grpo_starts_no_critic(tmp_path):

@@ -185,3 +185,44 @@ def test_value_trainer_rebuilds_replay_from_the_log_with_reuse_counts(tmp_path):
     restore_replay(ctx, restarted, critic_dir, ctx.reader("targets", "value_trainer"))
     assert restarted.reuse_counts() == live.reuse_counts() and sum(live.reuse_counts().values()) > 0
     assert [r["rollout_id"] for r in restarted.sample(6)] == [r["rollout_id"] for r in live.sample(6)]
+
+
+def test_tether_is_grpo_for_a_useless_critic_and_zero_for_a_perfect_one():
+    cfg = OmegaConf.structured(Config)
+    cfg.advantage.estimator = "tether"
+    rollouts = [rollout("a", "g", 1.0), rollout("b", "g", 0.0)]
+    flat = [values_row("a", [0, 0, .5, .5, .5]), values_row("b", [0, 0, .5, .5, .5])]
+    scored = score_group(rollouts, flat, cfg)  # R² of a constant 0.5 on returns 1,1,1,0,0,0 is 0: w = 0
+    assert torch.allclose(scored["advantages"], torch.tensor([[0, 0, .5, .5, .5], [0, 0, -.5, -.5, -.5]]))
+    perfect = [values_row("a", [0, 0, 1, 1, 1]), values_row("b", [0, 0, 0, 0, 0])]
+    scored = score_group(rollouts, perfect, cfg)  # w = 1: A = R - V = 0 everywhere
+    assert torch.equal(scored["advantages"], torch.zeros(2, 5)) and scored["tether_weight"].tolist() == [1, 1]
+
+
+def test_adaptive_lambda_reaches_the_advantages():
+    cfg = OmegaConf.structured(Config)
+    cfg.advantage.adaptive_alpha = 1.0  # n = 3 policy tokens: λ = 1 - 1/3 = 2/3
+    rollouts = [rollout("a", "g", 1.0)]
+    scored = score_group(rollouts, [values_row("a", [0, 0, .5, .5, .5])], cfg)
+    # δ = 0, 0, 0.5 (only the last token sees the reward); A_t = Σ (γλ)^k δ_{t+k}: 0.5·(2/3)², 0.5·(2/3), 0.5
+    assert torch.allclose(scored["advantages"][0, 2:], torch.tensor([0.5 * 4 / 9, 0.5 * 2 / 3, 0.5]))
+    assert torch.allclose(scored["targets"][0, 2:], torch.ones(3))  # λ_value = 1: Monte-Carlo returns
+
+
+@pytest.mark.parametrize("loss,clip,lambda_value", [("bce", 0.0, 1.0), ("mse", 0.1, 1.0), ("huber", 0.0, 0.5)])
+def test_critic_step_with_each_value_loss(loss, clip, lambda_value):
+    from prime_values.models import build_char_tokenizer, build_critic
+    from prime_values.roles.critic_io import critic_step
+
+    cfg = OmegaConf.structured(Config)
+    cfg.critic.loss, cfg.critic.value_clip, cfg.advantage.lambda_value = loss, clip, lambda_value
+    tok = build_char_tokenizer()
+    critic = build_critic(None, tok, seed=0, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128)
+    rows = [{**rollout(f"r{i}", "g", float(i % 2), response=(7 + i % 2, 8, 2)), "values": [0.0, 0.0, .5, .5, .5],
+             "value_targets": [0.0, 0.0] + [float(i % 2)] * 3} for i in range(4)]
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-3)
+    stats = [critic_step(critic, optimizer, rows, tok, cfg, "cpu") for _ in range(5)]
+    assert all(torch.isfinite(torch.tensor(s["value_loss"])) for s in stats)
+    assert stats[-1]["value_loss"] < stats[0]["value_loss"]  # it learns the targets
+    if loss == "bce":
+        assert 0 < stats[-1]["value_mean"] < 1  # values are probabilities

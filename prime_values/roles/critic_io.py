@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from prime_values.algo.gae import explained_variance
-from prime_values.algo.losses import value_loss
+from prime_values.algo.gae import explained_variance, gae
+from prime_values.algo.losses import value_loss, values_from_head
 from prime_values.algo.privileged import batch_values_to_policy_layout, critic_layout, truncate_for_critic
 
 
@@ -44,12 +44,14 @@ class CriticInputs:
         self.input_ids, self.attention_mask = self.input_ids.to(device), self.attention_mask.to(device)
         self.policy_mask, self.prefix_lens = self.policy_mask.to(device), self.prefix_lens.to(device)
 
-    def values(self, critic) -> torch.Tensor:
-        """[B, T] values in the policy's layout (0 where the policy did not sample the token)."""
+    def values(self, critic, head: str = "mse") -> torch.Tensor:
+        """[B, T] values in the policy's layout (0 where the policy did not sample the token). `head` is
+        critic.loss: with 'bce' the head's logits become probabilities; `head=None` returns the raw output."""
         from prime_values.models import critic_values
 
         critic_out = critic_values(critic, self.input_ids, self.attention_mask)  # [B, L]
-        return batch_values_to_policy_layout(critic_out, self.prefix_lens, self.policy_mask)
+        raw = batch_values_to_policy_layout(critic_out, self.prefix_lens, self.policy_mask)
+        return raw if head is None else torch.where(self.policy_mask, values_from_head(raw, head), raw)
 
 
 def padded(rows: list[dict], key: str, dtype: torch.dtype, length: int | None = None, fill=0) -> torch.Tensor:
@@ -70,15 +72,31 @@ def attention_mask(rows: list[dict]) -> torch.Tensor:
 
 
 def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg, device: str) -> dict:
-    ccfg = cfg.critic
+    """One critic optimizer step on replay rows (targets rows: token ids, mask, reward, values, value_targets).
+
+    With advantage.lambda_value < 1 the stored targets mixed in the values of the critic that scored the
+    rollout; they are recomputed here with the current critic (one extra no-grad forward), so old replay data
+    does not pull the critic back toward its past self. With lambda_value = 1 they are Monte-Carlo returns."""
+    ccfg, adv = cfg.critic, cfg.advantage
     inputs = CriticInputs(rows, tokenizer, ccfg.template, ccfg.privileged, ccfg.max_length, device)
-    values = inputs.values(critic)
-    targets = padded(rows, "value_targets", torch.float32, length=values.shape[1]).to(device)
-    loss = value_loss(values, targets, inputs.policy_mask, kind=ccfg.loss)
+    raw = inputs.values(critic, head=None)
+    values = values_from_head(raw, ccfg.loss).where(inputs.policy_mask, torch.zeros_like(raw))
+    if adv.lambda_value < 1:
+        rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float32, device=device)
+        _, targets = gae(rewards, values.detach(), inputs.policy_mask, adv.gamma, adv.lambda_value)
+    else:
+        targets = padded(rows, "value_targets", torch.float32, length=values.shape[1]).to(device)
+    clip = {}
+    if ccfg.value_clip > 0 and "values" in rows[0]:  # pretraining rows were never scored: nothing to clip to
+        old = padded(rows, "values", torch.float32, length=values.shape[1]).to(device)
+        clip = {"old_values": old, "clip_range": ccfg.value_clip}
+    loss, stats = value_loss(raw, targets, inputs.policy_mask, kind=ccfg.loss, with_stats=True, **clip)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if ccfg.max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(critic.parameters(), ccfg.max_grad_norm)
     optimizer.step()
-    return {"value_loss": loss.item(),
-            "train_explained_variance": explained_variance(values.detach(), targets, inputs.policy_mask)}
+    return {"value_loss": loss.item(), "value_clip_fraction": stats["clip_fraction"],
+            "train_explained_variance": explained_variance(values.detach(), targets, inputs.policy_mask),
+            "value_mean": values.detach()[inputs.policy_mask].mean().item(),
+            "target_mean": targets[inputs.policy_mask].mean().item()}

@@ -39,7 +39,7 @@ class Scorer:
             chunk = rows[begin: begin + self.cfg.critic.score_batch_rollouts]
             inputs = CriticInputs(chunk, self.tokenizer, self.cfg.critic.template, self.cfg.critic.privileged,
                                   self.cfg.critic.max_length, self.ctx.device)
-            values = inputs.values(critic).float().cpu()
+            values = inputs.values(critic, self.cfg.critic.loss).float().cpu()
             now = time.time()
             for b, row in enumerate(chunk):
                 out.append({"rollout_id": row["rollout_id"], "critic_version": critic_version,

@@ -15,7 +15,8 @@ from collections import deque
 
 import torch
 
-from prime_values.algo.gae import advantages_and_targets, explained_variance, grpo_advantages, whiten
+from prime_values.algo.gae import (adaptive_lambda, advantages_and_targets, explained_variance, grpo_advantages,
+                                   tether_advantages, whiten)
 from prime_values.log import to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import padded
@@ -54,20 +55,29 @@ class GroupJoin:
         return complete
 
 
-def score_group(rollouts: list[dict], values: list[dict] | None, cfg) -> dict[str, torch.Tensor]:
-    """Per-token advantages [G, T] and value targets [G, T] of one complete group."""
+def score_group(rollouts: list[dict], values: list[dict] | None, cfg, critic_ev: float | None = None
+                ) -> dict[str, torch.Tensor]:
+    """Per-token advantages [G, T] and value targets [G, T] of one complete group (DESIGN §3).
+
+    `critic_ev`: the critic's recent explained variance, used by advantage=tether with tether_mode=running."""
     adv_cfg = cfg.advantage
     mask = padded(rollouts, "policy_mask", torch.bool)
     rewards = torch.tensor([r["reward"] for r in rollouts], dtype=torch.float32)
+    group_ids = torch.zeros(len(rollouts), dtype=torch.long)  # one group per call
     if values is None:  # grpo: the group mean is the baseline, no critic involved
-        group_ids = torch.zeros(len(rollouts), dtype=torch.long)
-        advantages = grpo_advantages(rewards, group_ids, mask)
+        advantages = grpo_advantages(rewards, group_ids, mask, normalize_std=adv_cfg.grpo_std)
         return {"advantages": advantages, "targets": None, "values": None, "mask": mask}
     v = padded(values, "values", torch.float32, length=mask.shape[1])
-    advantages, targets = advantages_and_targets(rewards, v, mask, gamma=adv_cfg.gamma,
-                                                 lambda_policy=adv_cfg.lambda_policy,
+    lambda_policy = adaptive_lambda(mask.sum(dim=1), adv_cfg.adaptive_alpha) if adv_cfg.adaptive_alpha > 0 \
+        else adv_cfg.lambda_policy
+    advantages, targets = advantages_and_targets(rewards, v, mask, gamma=adv_cfg.gamma, lambda_policy=lambda_policy,
                                                  lambda_value=adv_cfg.lambda_value)
-    return {"advantages": advantages, "targets": targets, "values": v, "mask": mask}
+    scored = {"advantages": advantages, "targets": targets, "values": v, "mask": mask}
+    if adv_cfg.estimator == "tether":
+        scored["advantages"], weight = tether_advantages(rewards, v, group_ids, mask, mode=adv_cfg.tether_mode,
+                                                         critic_ev=critic_ev, gamma=adv_cfg.gamma, lam=lambda_policy)
+        scored["tether_weight"] = weight
+    return scored
 
 
 def target_rows(rollouts, values, scored) -> list[dict]:
@@ -112,6 +122,12 @@ def _cat(groups: list[dict], key: str) -> torch.Tensor:
                       for g in groups])
 
 
+def recent_explained_variance(recent: deque) -> float:
+    """The critic's explained variance on the last scored groups (values at scoring time vs their targets)."""
+    groups = list(recent)
+    return explained_variance(_cat(groups, "values"), _cat(groups, "targets"), _cat(groups, "mask"))
+
+
 class WarmupGate:
     """critic.warmup: batch 1 waits until the values come from critic version >= `min_version` and the
     explained variance over the last `prompts_per_step` scored groups is >= `min_explained_variance`, or until
@@ -123,20 +139,18 @@ class WarmupGate:
         self.min_version, self.min_ev, self.max_rollouts = w.min_version, w.min_explained_variance, w.max_rollouts
         self.file = run.warmup_done_file
         self.is_open = self.file.exists() or (self.min_version <= 0 and self.min_ev is None)
-        self.recent: deque[dict] = deque(maxlen=cfg.inference.prompts_per_step)
         self.scored = 0
 
-    def admit(self, group: dict) -> bool:
-        """Observe a scored group; True when it may go into policy batches."""
+    def admit(self, group: dict, recent: deque) -> bool:
+        """Observe a scored group (`recent`: the last scored groups, this one included); True when it may go
+        into policy batches."""
         if self.is_open:
             return True
-        self.recent.append(group)
         self.scored += len(group["rollouts"])
-        version = max(v["critic_version"] for g in self.recent for v in g["values"])
-        ev = explained_variance(_cat(list(self.recent), "values"), _cat(list(self.recent), "targets"),
-                                _cat(list(self.recent), "mask"))
+        version = max(v["critic_version"] for g in recent for v in g["values"])
+        ev = recent_explained_variance(recent)
         good = version >= self.min_version and (
-            self.min_ev is None or (len(self.recent) == self.recent.maxlen and ev >= self.min_ev))
+            self.min_ev is None or (len(recent) == recent.maxlen and ev >= self.min_ev))
         capped = 0 < self.max_rollouts <= self.scored
         if good or capped:
             self.is_open = True
@@ -168,6 +182,8 @@ def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = Non
         out["critic_explained_variance"] = explained_variance(values, targets, mask)
         out["value_first_mean"] = values[rows, first].mean().item()
         out["return_first_mean"] = targets[rows, first].mean().item()
+        if "tether_weight" in groups[0]["scored"]:
+            out["tether_weight_mean"] = torch.cat([g["scored"]["tether_weight"] for g in groups]).mean().item()
         critic_versions = [v["critic_version"] for g in groups for v in g["values"]]
         out["critic_version_mean"] = sum(critic_versions) / len(critic_versions)
         if newest_critic is not None:
@@ -187,6 +203,7 @@ def main(run_dir: str) -> None:
     targets = ctx.writer("targets", "main") if needs_values else None
     join = GroupJoin(cfg.inference.group_size, needs_values)
     gate = WarmupGate(cfg, ctx.run) if needs_values else None
+    recent: deque[dict] = deque(maxlen=cfg.inference.prompts_per_step)  # the critic's latest scored groups
     ready: deque[dict] = deque()
     step = batches.next_seq + 1  # batch n is segment n - 1 of the batches stream
     dropped_stale = dropped_warmup = 0
@@ -199,9 +216,12 @@ def main(run_dir: str) -> None:
         complete = join.pop_complete()
         scored_rows = []
         for group_rollouts, group_values in complete:
-            scored = score_group(group_rollouts, group_values, cfg)
+            critic_ev = recent_explained_variance(recent) if recent else None
+            scored = score_group(group_rollouts, group_values, cfg, critic_ev)
             group = {"rollouts": group_rollouts, "values": group_values, "scored": scored}
-            if gate is None or gate.admit(group):
+            if group_values is not None:
+                recent.append(group)
+            if gate is None or gate.admit(group, recent):
                 ready.append(group)
             else:
                 dropped_warmup += len(group_rollouts)
@@ -222,8 +242,9 @@ def main(run_dir: str) -> None:
             groups = [ready.popleft() for _ in range(cfg.inference.prompts_per_step)]
             batches.append(batch_rows(step, groups, cfg.advantage.whiten))
             newest = latest_version(ctx.run.weights("critic")) if needs_values else None
-            ctx.metrics.log(**batch_metrics(step, groups, newest), dropped_stale=dropped_stale, dropped_warmup=dropped_warmup,
-                            waiting_rollouts=join.waiting_rollouts, ready_groups=len(ready))
+            ctx.metrics.log(**batch_metrics(step, groups, newest), dropped_stale=dropped_stale,
+                            dropped_warmup=dropped_warmup, waiting_rollouts=join.waiting_rollouts,
+                            ready_groups=len(ready))
             step += 1
         if new or new_values:
             rollouts.commit()

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from prime_values.algo.losses import ppo_clip_loss, token_logprobs
+from prime_values.algo.losses import ppo_clip_loss, prob_diff_mask_loss, token_logprobs
 from prime_values.log import LogReader, to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import attention_mask, padded
@@ -32,8 +32,12 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
         advantages = padded(micro, "advantages", torch.float32).to(device)
         logits = model(input_ids=ids, attention_mask=attention).logits.float()
         logprobs = token_logprobs(logits, ids, cfg.inference.temperature)
-        loss, stats = ppo_clip_loss(logprobs, sampling, advantages, mask, clip_low=pcfg.clip_low,
-                                    clip_high=pcfg.clip_high, kl_coef=pcfg.kl_coef)
+        if pcfg.trust_region == "prob_diff":
+            loss, stats = prob_diff_mask_loss(logprobs, sampling, advantages, mask, delta_low=pcfg.prob_diff_low,
+                                              delta_high=pcfg.prob_diff_high, kl_coef=pcfg.kl_coef)
+        else:
+            loss, stats = ppo_clip_loss(logprobs, sampling, advantages, mask, clip_low=pcfg.clip_low,
+                                        clip_high=pcfg.clip_high, kl_coef=pcfg.kl_coef)
         weight = mask.sum().item() / max(total_tokens, 1)  # token-level aggregation across micro-batches
         (loss * weight).backward()
         for key, value in {"loss": loss.item(), **stats}.items():
