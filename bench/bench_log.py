@@ -56,7 +56,7 @@ def make_segments(n_segments, per_segment, n_tokens, seed=0):
                 reward=float(rng.integers(0, 2)), stop_reason="eos", privileged="reference answer: 42",
                 task=json.dumps({"task": "math", "idx": i}), created_at=time.time()))
             values.append(dict(rollout_id=rid, critic_version=s, values=rng.random(n_tokens, np.float32).tolist(),
-                               cut=False, scored_at=time.time()))
+                               cut=False, valued_tokens=n_tokens, bootstrap_value=0.0, scored_at=time.time()))
         segs.append((rollouts, values))
     return segs
 

@@ -23,7 +23,8 @@ def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 
 
 
 def values_row(rid: str, values: list[float], version: int = 3) -> dict:
-    return {"rollout_id": rid, "critic_version": version, "values": values, "cut": False, "scored_at": 0.0}
+    return {"rollout_id": rid, "critic_version": version, "values": values, "cut": False, "scored_at": 0.0,
+            "valued_tokens": len(values), "bootstrap_value": 0.0}
 
 
 def test_group_waits_for_every_rollout_and_every_value():
@@ -61,6 +62,17 @@ def test_batch_metrics_report_critic_health_worked_by_hand():
     assert (m["advantage_mean"], m["advantage_abs_mean"], m["advantage_positive"]) == pytest.approx((0, .5, .5))
     assert (m["critic_version_lag_mean"], m["critic_version_lag_max"]) == (1.5, 2)  # 5-3 and 5-4
     assert (m["off_policy_mean"], m["reward_mean"]) == (0, 0.5)
+
+
+def test_a_cut_trace_bootstraps_from_the_value_at_the_cut():
+    cfg = OmegaConf.structured(Config)
+    cut = {**values_row("a", [0, 0, .5, .6, 0]), "cut": True, "valued_tokens": 4, "bootstrap_value": 0.8}
+    scored = score_group([rollout("a", "g", 1.0)], [cut], cfg)
+    # the critic saw prompt + 2 response tokens; γ = λ = 1: A_t = V(s_cut) - V_t (the reward is beyond the cut)
+    assert torch.allclose(scored["advantages"], torch.tensor([[0, 0, .3, .2, 0]]))
+    assert torch.allclose(scored["targets"], torch.tensor([[0, 0, .8, .8, 0]]))
+    capped = score_group([rollout("a", "g", 1.0)], [values_row("a", [0, 0, .5, .6, .7])], cfg)  # not cut: R counts
+    assert torch.allclose(capped["advantages"], torch.tensor([[0, 0, .5, .4, .3]]))
 
 
 def test_grpo_advantages_need_no_values():
@@ -106,6 +118,11 @@ def test_critic_inputs_put_the_answer_first_and_map_values_back(monkeypatch):
     assert values[0].tolist() == [0, 0, 0, 0, prefix + 3, prefix + 4]
     plain = CriticInputs(rows, tokenizer, "answer:{privileged}|", False, max_length=64)
     assert plain.values(PositionCritic())[0].tolist() == [0, 0, 0, 0, 3, 4]
+    assert (plain.cut, plain.valued_tokens) == ([False], [6])
+    # a context of prefix + 5 tokens cuts the trace after "1+2=3": the eos is outside, V(s_cut) = position 14
+    cut = CriticInputs(rows, tokenizer, "answer:{privileged}|", True, max_length=prefix + 5)
+    assert cut.values(PositionCritic())[0].tolist() == [0, 0, 0, 0, prefix + 3, 0]
+    assert (cut.cut, cut.valued_tokens, cut.bootstrap.tolist()) == ([True], [5], [prefix + 4])
 
 
 def test_metrics_tail_never_returns_a_half_written_line(tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: values carry valued_tokens and bootstrap_value
 
 _tokens = pa.list_(pa.int32())
 _mask = pa.list_(pa.int8())
@@ -38,7 +38,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("rollout_id", pa.string()),
         ("critic_version", pa.int64()),
         ("values", _floats),  # aligned to token_ids
-        ("cut", pa.bool_()),  # critic context shorter than the rollout
+        ("cut", pa.bool_()),  # the critic's context (critic.max_length) cut the trace; never a generation cap
+        ("valued_tokens", pa.int32()),  # leading trace tokens inside the critic's context (all when not cut)
+        ("bootstrap_value", pa.float32()),  # V(s_cut): the value of the state where the cut happened (0 if not cut)
         ("scored_at", pa.float64()),
     ]),
     # orchestrator -> value trainer

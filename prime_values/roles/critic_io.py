@@ -19,7 +19,7 @@ class CriticInputs:
     def __init__(self, rows: list[dict], tokenizer, template: str, privileged: bool, max_length: int,
                  device: str = "cpu"):
         pad_id = tokenizer.pad_token_id
-        sequences, prefix_lens, self.cut = [], [], []
+        sequences, prefix_lens, self.cut, self.valued_tokens = [], [], [], []
         for row in rows:
             prefix = tokenizer.encode(template.format(privileged=row["privileged"]), add_special_tokens=False) \
                 if privileged else []
@@ -28,6 +28,7 @@ class CriticInputs:
             sequences.append(ids)
             prefix_lens.append(len(prefix))
             self.cut.append(cut)
+            self.valued_tokens.append(len(ids) - len(prefix) if cut else len(row["token_ids"]))
         length = max(map(len, sequences))
         trace_length = max(len(row["token_ids"]) for row in rows)
         self.input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
@@ -37,9 +38,9 @@ class CriticInputs:
             self.input_ids[b, : len(ids)] = torch.tensor(ids)
             self.attention_mask[b, : len(ids)] = 1
             self.policy_mask[b, : len(row["policy_mask"])] = torch.tensor(list(row["policy_mask"])) > 0
-            # a cut trace has values only for the policy tokens whose state fits: token j reads position
-            # prefix + j - 1, so tokens from len(ids) - prefix + 1 on are left without a value (0)
-            self.policy_mask[b, len(ids) - prefix_lens[b] + 1:] = False
+            # a cut trace keeps the tokens inside the critic's context: j < len(ids) - prefix; the state after
+            # the last of them (position len(ids) - 1) is V(s_cut), the bootstrap value
+            self.policy_mask[b, self.valued_tokens[b]:] = False
         self.prefix_lens = torch.tensor(prefix_lens)
         self.input_ids, self.attention_mask = self.input_ids.to(device), self.attention_mask.to(device)
         self.policy_mask, self.prefix_lens = self.policy_mask.to(device), self.prefix_lens.to(device)
@@ -50,6 +51,10 @@ class CriticInputs:
         from prime_values.models import critic_values
 
         critic_out = critic_values(critic, self.input_ids, self.attention_mask)  # [B, L]
+        last = self.attention_mask.sum(dim=1) - 1
+        self.bootstrap = critic_out[torch.arange(len(last)), last]  # V(s_cut): only meaningful where cut
+        if head is not None:
+            self.bootstrap = values_from_head(self.bootstrap, head)
         raw = batch_values_to_policy_layout(critic_out, self.prefix_lens, self.policy_mask)
         return raw if head is None else torch.where(self.policy_mask, values_from_head(raw, head), raw)
 

@@ -44,6 +44,8 @@ class Scorer:
             for b, row in enumerate(chunk):
                 out.append({"rollout_id": row["rollout_id"], "critic_version": critic_version,
                             "values": values[b, : len(row["token_ids"])].tolist(), "cut": inputs.cut[b],
+                            "valued_tokens": inputs.valued_tokens[b],
+                            "bootstrap_value": float(inputs.bootstrap[b]) if inputs.cut[b] else 0.0,
                             "scored_at": now})
         critic.train(was_training)
         self.writer.append(out)

@@ -68,14 +68,21 @@ def score_group(rollouts: list[dict], values: list[dict] | None, cfg, critic_ev:
         advantages = grpo_advantages(rewards, group_ids, mask, normalize_std=adv_cfg.grpo_std)
         return {"advantages": advantages, "targets": None, "values": None, "mask": mask}
     v = padded(values, "values", torch.float32, length=mask.shape[1])
+    # a trace the critic's context cut: GAE runs over the tokens it saw and bootstraps with V(s_cut); the
+    # tokens after the cut get no advantage (no value exists for them). A generation cap is never a cut.
+    cut = torch.tensor([bool(x["cut"]) for x in values])
+    valued = torch.tensor([x["valued_tokens"] for x in values])
+    mask = mask & (torch.arange(mask.shape[1])[None, :] < valued[:, None])
+    ends = {"bootstrap": torch.tensor([x["bootstrap_value"] for x in values], dtype=torch.float32), "cut": cut}
     lambda_policy = adaptive_lambda(mask.sum(dim=1), adv_cfg.adaptive_alpha) if adv_cfg.adaptive_alpha > 0 \
         else adv_cfg.lambda_policy
     advantages, targets = advantages_and_targets(rewards, v, mask, gamma=adv_cfg.gamma, lambda_policy=lambda_policy,
-                                                 lambda_value=adv_cfg.lambda_value)
+                                                 lambda_value=adv_cfg.lambda_value, **ends)
     scored = {"advantages": advantages, "targets": targets, "values": v, "mask": mask}
     if adv_cfg.estimator == "tether":
         scored["advantages"], weight = tether_advantages(rewards, v, group_ids, mask, mode=adv_cfg.tether_mode,
-                                                         critic_ev=critic_ev, gamma=adv_cfg.gamma, lam=lambda_policy)
+                                                         critic_ev=critic_ev, gamma=adv_cfg.gamma, lam=lambda_policy,
+                                                         **ends)
         scored["tether_weight"] = weight
     return scored
 
