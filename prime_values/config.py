@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import inspect
 from dataclasses import MISSING as NO_DEFAULT, dataclass, field, fields, is_dataclass
+from pathlib import Path
 from typing import Optional
 
 from omegaconf import MISSING  # noqa: F401  (re-exported for conf authors)
@@ -98,6 +99,19 @@ class WarmupConfig:
 
 
 @dataclass
+class CriticWarmStartConfig:
+    steps: int = 300
+    """critic optimizer steps in the warm-start job, before RL starts, on Monte-Carlo returns (0 = none): the
+    critic starts RL already useful"""
+    rollouts: int = 2048
+    """rollouts to pretrain on: fresh samples of policy version 0, or the newest of `from_run`'s log"""
+    from_run: str = ""
+    """an earlier run directory whose rollout log supplies the pretraining rollouts instead of fresh samples
+    (offline warm start; its policy may differ from this run's v0, so the critic starts from that policy's
+    values)"""
+
+
+@dataclass
 class CriticConfig:
     init: str = "policy"
     """'policy': backbone from the warm-started policy, fresh value head; 'scratch': random init from
@@ -108,11 +122,6 @@ class CriticConfig:
     """text placed before the whole trace when privileged; {privileged} is replaced by the context"""
     lr: float = 3e-3
     """critic learning rate (AdamW)"""
-    pretrain_steps: int = 300
-    """critic optimizer steps in the warm-start job, on Monte-Carlo returns of rollouts sampled from policy
-    version 0, before RL starts (0 = none): the critic starts RL already useful"""
-    pretrain_rollouts: int = 2048
-    """rollouts sampled from policy version 0 for critic pretraining"""
     max_grad_norm: float = 1.0
     """gradient-norm clip per critic step (0 = off)"""
     loss: str = "mse"
@@ -130,6 +139,8 @@ class CriticConfig:
     """rollouts per scoring forward pass in the evaluator"""
     throttle_s: float = 0.0
     """sleep after every critic optimizer step (a benchmark knob that simulates a slow critic)"""
+    warm_start: CriticWarmStartConfig = field(default_factory=CriticWarmStartConfig)
+    """critic pretraining in the warm-start job"""
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     """hold the policy's first update until the critic is good enough; inference keeps filling the log
     meanwhile (those rollouts train the critic; groups scored before the gate opened never reach a batch)"""
@@ -345,6 +356,10 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     if cfg.critic.value_clip < 0 or (cfg.critic.value_clip > 0 and cfg.critic.loss == "bce"):
         raise ConfigError(f"critic.value_clip={cfg.critic.value_clip} must be >= 0 and is not defined for "
                           "critic.loss=bce; set critic.value_clip=0")
+    from_run = cfg.critic.warm_start.from_run
+    if from_run and not (Path(from_run) / "log" / "rollouts").is_dir():
+        raise ConfigError(f"critic.warm_start.from_run={from_run!r} has no log/rollouts; point it at the run "
+                          "directory of an earlier run (or leave it empty to sample fresh rollouts)")
     if cfg.inference.temperature <= 0:
         raise ConfigError(f"inference.temperature={cfg.inference.temperature} must be > 0")
     if cfg.inference.group_size < 2 and cfg.advantage.estimator in ("grpo", "tether"):

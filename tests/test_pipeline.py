@@ -20,7 +20,7 @@ SMALL = ["+experiment=arith", "steps=8", "eval_every=4", "policy.warm_start.step
          "critic.batch_rollouts=16", "critic.publish_every=1", "launcher.poll_s=0.2", "launcher.stop_grace_s=20",
          # a smaller model and a short critic pretraining: the test checks the plumbing, not the learning
          "policy.arch.hidden_size=64", "policy.arch.num_heads=2", "policy.arch.num_kv_heads=1",
-         "policy.arch.intermediate_size=128", "critic.pretrain_steps=5", "critic.pretrain_rollouts=64"]
+         "policy.arch.intermediate_size=128", "critic.warm_start.steps=5", "critic.warm_start.rollouts=64"]
 
 
 def run_pipeline(run_dir: Path, *extra: str, env: dict | None = None, cwd: Path = REPO):

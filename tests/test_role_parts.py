@@ -243,3 +243,31 @@ def test_critic_step_with_each_value_loss(loss, clip, lambda_value):
     assert stats[-1]["value_loss"] < stats[0]["value_loss"]  # it learns the targets
     if loss == "bce":
         assert 0 < stats[-1]["value_mean"] < 1  # values are probabilities
+
+
+def test_offline_critic_warm_start_reads_the_newest_rollouts_of_an_earlier_run(tmp_path):
+    import time as _time
+
+    from prime_values.config import ConfigError, validate
+    from prime_values.log import SegmentWriter
+    from prime_values.roles.common import RoleContext
+    from prime_values.roles.warm_start import rollouts_of_run
+    from prime_values.rundir import RunDir
+
+    earlier = RunDir(tmp_path / "earlier")
+    with SegmentWriter(earlier.stream("rollouts"), "w0", "rollouts") as writer:
+        for chunk in range(3):
+            writer.append([{**rollout(f"r{chunk}-{i}", f"g{chunk}", float(i % 2)), "prompt_id": "p", "shard": "w0",
+                            "stop_reason": "eos", "task": "{}", "created_at": _time.time()} for i in range(4)])
+    run = RunDir(tmp_path / "now")
+    run.mkdirs()
+    cfg = OmegaConf.structured(Config)
+    cfg.critic.warm_start.rollouts, cfg.critic.warm_start.from_run = 6, str(earlier.root)
+    validate(cfg, cuda_count=0)
+    OmegaConf.save(cfg, run.config)
+    rows = rollouts_of_run(RoleContext(run.root, "warm_start"), str(earlier.root))
+    assert [r["rollout_id"] for r in rows] == ["r1-2", "r1-3", "r2-0", "r2-1", "r2-2", "r2-3"]  # the newest 6
+    assert [r["value_targets"] for r in rows[:2]] == [[0, 0, 0, 0, 0], [0, 0, 1, 1, 1]]  # R on policy tokens
+    cfg.critic.warm_start.from_run = str(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="critic.warm_start.from_run=.*has no log/rollouts"):
+        validate(cfg, cuda_count=0)

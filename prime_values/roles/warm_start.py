@@ -52,7 +52,7 @@ def sample_for_critic(ctx: RoleContext, policy, tokenizer, task) -> list[dict]:
     from prime_values.roles.inference import build_rows
 
     cfg, rows, rng = ctx.cfg, [], random.Random(ctx.seed(2))
-    prompts = max(1, cfg.critic.pretrain_rollouts // cfg.inference.group_size)
+    prompts = max(1, cfg.critic.warm_start.rollouts // cfg.inference.group_size)
     for chunk, begin in enumerate(range(0, prompts, 64)):
         problems = task.sample(rng, min(64, prompts - begin))
         prompt_ids = encode_prompts(tokenizer, problems)
@@ -60,6 +60,25 @@ def sample_for_critic(ctx: RoleContext, policy, tokenizer, task) -> list[dict]:
                              max_new_tokens=cfg.inference.max_new_tokens, temperature=cfg.inference.temperature,
                              eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, seed=ctx.seed(3, chunk))
         rows += build_rows(problems, completions, prompt_ids, task, 0, "pretrain", chunk, tokenizer)
+    return with_mc_returns(ctx, rows)
+
+
+def rollouts_of_run(ctx: RoleContext, run_dir: str) -> list[dict]:
+    """The newest `critic.warm_start.rollouts` rollouts of an earlier run's log, with Monte-Carlo returns."""
+    from prime_values.log import LogReader, to_rows
+    from prime_values.rundir import RunDir
+
+    reader = LogReader(RunDir(run_dir).stream("rollouts"), "warm_start.from_run", ctx.run.cursors, "rollouts")
+    rows = [row for segment in reader.poll() for row in to_rows(segment.table)]  # never committed: read-only
+    if not rows:
+        raise ValueError(f"critic.warm_start.from_run={run_dir!r}: its rollout log holds no readable rollouts")
+    rows.sort(key=lambda r: r["created_at"])
+    return with_mc_returns(ctx, rows[-ctx.cfg.critic.warm_start.rollouts:])
+
+
+def with_mc_returns(ctx: RoleContext, rows: list[dict]) -> list[dict]:
+    """Attach λ = 1 value targets (Monte-Carlo returns) to rollout rows."""
+    cfg = ctx.cfg
     mask = padded(rows, "policy_mask", torch.bool)
     rewards = torch.tensor([r["reward"] for r in rows])
     _, returns = gae(rewards, torch.zeros(mask.shape), mask, cfg.advantage.gamma, 1.0)  # MC: lambda = 1
@@ -73,10 +92,11 @@ def pretrain_critic(ctx: RoleContext, critic, tokenizer, rows: list[dict]) -> No
     critic.train()
     optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
     rng = random.Random(ctx.seed(4))
-    for step in range(1, cfg.critic.pretrain_steps + 1):
+    steps = cfg.critic.warm_start.steps
+    for step in range(1, steps + 1):
         stats = critic_step(critic, optimizer, rng.sample(rows, min(cfg.critic.batch_rollouts, len(rows))),
                             tokenizer, cfg, "cpu")
-        if step % 25 == 0 or step == cfg.critic.pretrain_steps:
+        if step % 25 == 0 or step == steps:
             ctx.metrics.log(critic_pretrain_step=step, **stats)
         if ctx.stopping():
             raise SystemExit("warm start stopped during critic pretraining: the run was stopped")
@@ -117,8 +137,10 @@ def main(run_dir: str) -> None:
         critic = build_critic(None, tokenizer, seed=ctx.seed(1), **arch)
     else:
         critic = load_critic(cfg.critic.init)
-    if cfg.critic.pretrain_steps > 0 and cfg.advantage.estimator != "grpo":
+    if cfg.critic.warm_start.steps > 0 and cfg.advantage.estimator != "grpo":
         began = time.time()
-        pretrain_critic(ctx, critic, tokenizer, sample_for_critic(ctx, model, tokenizer, task))
+        from_run = cfg.critic.warm_start.from_run
+        rows = rollouts_of_run(ctx, from_run) if from_run else sample_for_critic(ctx, model, tokenizer, task)
+        pretrain_critic(ctx, critic, tokenizer, rows)
         ctx.metrics.log(critic_pretrain_s=time.time() - began)
     publish(critic_root, 0, lambda path: save_model(critic, tokenizer, path))
