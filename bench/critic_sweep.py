@@ -125,10 +125,10 @@ def plot(runs: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (acc_ax, ev_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    colors = {}
+    colors: dict[str, str] = {}
     for r in sorted(runs, key=lambda r: (r["label"], r["seed"])):
+        label = None if r["label"] in colors else r["label"]  # one legend entry per estimator
         color = colors.setdefault(r["label"], f"C{len(colors)}")
-        label = r["label"] if r["seed"] == min(x["seed"] for x in runs if x["label"] == r["label"]) else None
         steps, acc = zip(*r["accuracy_curve"])
         acc_ax.plot(steps, acc, color=color, label=label, alpha=0.8)
         if r["ev_curve"]:
