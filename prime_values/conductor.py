@@ -169,7 +169,7 @@ def _terminate_gracefully(signum, frame):
 
 
 def conduct(cfg) -> dict:
-    from prime_values.report import format_summary, summarise
+    from prime_values.report import format_summary, summarise, write_report
 
     run, cfg = prepare(cfg)
     signal.signal(signal.SIGTERM, _terminate_gracefully)
@@ -201,6 +201,11 @@ def conduct(cfg) -> dict:
     progress.show(final=True)
     summary = summarise(run, status=reason, error=failure)
     print(format_summary(summary), flush=True)
+    try:
+        print(f"report               {write_report(run, summary)} (plots next to it)", flush=True)
+    except Exception as error:  # a plotting problem must not turn a finished run into a failed one
+        print(f"prime_values: could not write the plots ({type(error).__name__}: {error}); "
+              f"retry with python -m prime_values.report {run.root}", file=sys.stderr, flush=True)
     if failure:
         print(f"prime_values: {failure}", file=sys.stderr, flush=True)
         sys.exit(1)

@@ -75,7 +75,25 @@ def format_summary(s: dict) -> str:
     ])
 
 
+def write_report(run: RunDir | str | Path, summary: dict) -> Path:
+    """report/summary.md with the figures and the plots (prime_values.plots); returns its path."""
+    from prime_values.plots import plot_run
+
+    run = run if isinstance(run, RunDir) else RunDir(run)
+    plots = plot_run(run)
+    text = "\n".join(["# Run report", "", "```", format_summary(summary), "```", ""] +
+                     [f"![{p.stem}]({p.name})" for p in plots]) + "\n"
+    path = run.report / "summary.md"
+    write_atomic(path, text)
+    return path
+
+
 if __name__ == "__main__":
     import sys
 
-    print(format_summary(summarise(sys.argv[1])))
+    if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "config.yaml").exists():
+        sys.exit("usage: python -m prime_values.report <run_dir>  (a directory holding config.yaml and metrics/)")
+    summary = summarise(sys.argv[1], status=json.loads((RunDir(sys.argv[1]).report / "summary.json").read_text())
+                        ["status"] if (RunDir(sys.argv[1]).report / "summary.json").exists() else "finished")
+    print(format_summary(summary))
+    print(f"report               {write_report(sys.argv[1], summary)}")

@@ -70,6 +70,9 @@ def assert_roles_did_their_part(run_dir: Path, steps: int, critic: bool) -> None
         assert not (run_dir / "log" / "values").exists()
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["policy_steps"] == steps
+    for name in ("learning", "critic", "advantages", "replay", "throughput"):
+        assert (run_dir / "report" / f"{name}.png").stat().st_size > 10_000, f"plot {name}.png missing or empty"
+    assert "learning.png" in (run_dir / "report" / "summary.md").read_text()
     assert not processes_mentioning(str(run_dir)), "a role process outlived the run"
 
 
