@@ -55,13 +55,18 @@ def test_batch_metrics_report_critic_health_worked_by_hand():
     rollouts = [rollout("a", "g", 1.0), rollout("b", "g", 0.0)]
     values = [values_row("a", [9, 9, .5, .5, .5], version=3), values_row("b", [9, 9, .5, .5, .5], version=4)]
     group = {"rollouts": rollouts, "values": values, "scored": score_group(rollouts, values, cfg)}
-    m = batch_metrics(1, [group], newest_critic=5)
+    class Provenance:  # critic v3 had trained on data up to policy v0, v4 had not published it
+        def trained_on(self, version):
+            return {3: 0}.get(version)
+
+    m = batch_metrics(3, [group], newest_critic=5, provenance=Provenance())
     # targets 1,1,1 and 0,0,0 against a flat 0.5: residuals ±0.5 have the targets' own variance -> EV = 0
     assert m["critic_explained_variance"] == pytest.approx(0.0, abs=1e-6)
     assert m["value_first_mean"] == pytest.approx(0.5) and m["return_first_mean"] == pytest.approx(0.5)
     assert (m["advantage_mean"], m["advantage_abs_mean"], m["advantage_positive"]) == pytest.approx((0, .5, .5))
     assert (m["critic_version_lag_mean"], m["critic_version_lag_max"]) == (1.5, 2)  # 5-3 and 5-4
-    assert (m["off_policy_mean"], m["reward_mean"]) == (0, 0.5)
+    assert (m["off_policy_mean"], m["reward_mean"]) == (2, 0.5)  # rollouts of v0 in batch 3
+    assert (m["value_staleness_mean"], m["value_staleness_max"]) == (2, 2)  # (3 - 1) - 0, v4 unknown
 
 
 def test_a_cut_trace_bootstraps_from_the_value_at_the_cut():

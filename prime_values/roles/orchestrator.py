@@ -10,6 +10,7 @@ step go into batch `n` of `log/batches`: a rollout from policy version v is admi
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 
@@ -168,7 +169,25 @@ class WarmupGate:
         return False
 
 
-def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = None) -> dict:
+class CriticProvenance:
+    """The newest policy version each critic version had trained on (`trained_on.json` in its weights dir,
+    cached; None for version 0 and pruned versions): how stale the values are, in policy versions."""
+
+    def __init__(self, critic_root) -> None:
+        self.root, self.cache = critic_root, {}
+
+    def trained_on(self, version: int) -> int | None:
+        if version not in self.cache:
+            try:
+                self.cache[version] = json.loads((self.root / str(version) / "trained_on.json").read_text()
+                                                 )["newest_policy_version"]
+            except (OSError, ValueError, KeyError):
+                return None  # not (yet) readable: do not cache, a later call may succeed
+        return self.cache[version]
+
+
+def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = None,
+                  provenance: CriticProvenance | None = None) -> dict:
     """Policy-side and critic-health figures of one batch (DESIGN §3): reward, off-policy lag, advantage
     statistics, and, with a critic, explained variance on fresh rollouts, mean value vs mean return at the
     first policy token, and how many critic versions behind the newest the values were scored."""
@@ -196,6 +215,10 @@ def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = Non
         if newest_critic is not None:
             lags = [newest_critic - v for v in critic_versions]
             out["critic_version_lag_mean"], out["critic_version_lag_max"] = sum(lags) / len(lags), max(lags)
+        seen = [provenance.trained_on(v) for v in critic_versions] if provenance else []
+        stale = [(step - 1) - s for s in seen if s is not None]
+        if stale:  # policy versions between what the critic had trained on and the policy being updated
+            out["value_staleness_mean"], out["value_staleness_max"] = sum(stale) / len(stale), max(stale)
     return out
 
 
@@ -210,6 +233,7 @@ def main(run_dir: str) -> None:
     targets = ctx.writer("targets", "main") if needs_values else None
     join = GroupJoin(cfg.inference.group_size, needs_values)
     gate = WarmupGate(cfg, ctx.run) if needs_values else None
+    provenance = CriticProvenance(ctx.run.weights("critic")) if needs_values else None
     recent: deque[dict] = deque(maxlen=cfg.inference.prompts_per_step)  # the critic's latest scored groups
     ready: deque[dict] = deque()
     step = batches.next_seq + 1  # batch n is segment n - 1 of the batches stream
@@ -249,7 +273,7 @@ def main(run_dir: str) -> None:
             groups = [ready.popleft() for _ in range(cfg.inference.prompts_per_step)]
             batches.append(batch_rows(step, groups, cfg.advantage.whiten))
             newest = latest_version(ctx.run.weights("critic")) if needs_values else None
-            ctx.metrics.log(**batch_metrics(step, groups, newest), dropped_stale=dropped_stale,
+            ctx.metrics.log(**batch_metrics(step, groups, newest, provenance), dropped_stale=dropped_stale,
                             dropped_warmup=dropped_warmup, waiting_rollouts=join.waiting_rollouts,
                             ready_groups=len(ready))
             step += 1

@@ -8,6 +8,7 @@ also serves the value evaluator, and scoring goes first: it is on the policy's p
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -34,6 +35,7 @@ def ingest(reader: LogReader, queue: IngestQueue, ctx: RoleContext, stop: thread
 
 
 REPLAY_SNAPSHOT = "replay.json"  # saved inside each published critic version, atomically with the weights
+TRAINED_ON = "trained_on.json"
 
 
 def restore_replay(ctx: RoleContext, buffer: ReplayBuffer, critic_dir, reader: LogReader) -> None:
@@ -73,6 +75,8 @@ def main(run_dir: str) -> None:
     def save(path) -> None:
         save_model(critic, tokenizer, path)
         (path / REPLAY_SNAPSHOT).write_bytes(dump_snapshot(buffer.snapshot()))
+        # the newest policy version this critic has trained on: the orchestrator's value-staleness metric
+        (path / TRAINED_ON).write_text(json.dumps({"newest_policy_version": buffer.newest_policy_version}))
     stop = threading.Event()
     threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
     scorer = Scorer(ctx, tokenizer) if cfg.topology.evaluator == "colocated" else None
