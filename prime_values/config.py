@@ -340,6 +340,23 @@ def _check_device(key: str, device: str, cuda_count: int) -> None:
 
 def validate(cfg, cuda_count: Optional[int] = None) -> None:
     """Checks a type cannot express. Raises ConfigError with one sentence naming the key and what is allowed."""
+    import difflib
+
+    from omegaconf import DictConfig, OmegaConf
+
+    def no_unknown_keys(node, schema, prefix: str = "") -> None:  # `+key=value` adds keys the schema lacks
+        for key in node.keys():
+            if key not in schema:
+                allowed = sorted(str(k) for k in schema.keys())
+                near = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = f" (did you mean '{near[0]}'?)" if near else ""
+                raise ConfigError(f"unknown config key '{prefix}{key}'{hint}; remove it or use one of the keys under "
+                                  f"'{prefix or '<root>'}': {', '.join(allowed)}")
+            if isinstance(schema[key], DictConfig) and isinstance(node[key], DictConfig):
+                no_unknown_keys(node[key], schema[key], f"{prefix}{key}.")
+
+    if isinstance(cfg, DictConfig):
+        no_unknown_keys(cfg, OmegaConf.structured(Config))
     for key, allowed in ALLOWED.items():
         value = _get(cfg, key)
         if value not in allowed:
@@ -347,12 +364,42 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     positive = ["steps", "eval_every", "inference.group_size", "inference.prompts_per_step",
                 "inference.max_new_tokens", "topology.inference_workers", "topology.threads_per_role",
                 "critic.batch_rollouts", "critic.publish_every", "critic.max_length", "critic.score_batch_rollouts",
-                "replay.queue_size", "replay.capacity", "task.digits", "task.operands", "task.heldout_size"]
+                "replay.queue_size", "replay.capacity", "replay.min_rollouts", "task.digits", "task.operands",
+                "task.heldout_size", "policy.warm_start.batch_size", "policy.warm_start.check_every",
+                "critic.warm_start.rollouts", "launcher.timeout_min", "log.keep_weights", "policy.arch.hidden_size",
+                "policy.arch.num_layers", "policy.arch.num_heads", "policy.arch.num_kv_heads", "policy.arch.head_dim",
+                "policy.arch.intermediate_size", "policy.arch.max_position_embeddings"]
     for key in positive:
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 1")
+    non_negative = ["replay.max_reuse", "replay.max_age", "replay.recent_half_life", "policy.micro_batch_rollouts",
+                    "policy.warm_start.steps", "critic.warm_start.steps", "critic.warmup.min_version",
+                    "critic.warmup.max_rollouts", "critic.throttle_s", "policy.weight_decay", "policy.max_grad_norm",
+                    "critic.max_grad_norm", "policy.clip_low", "policy.clip_high", "policy.prob_diff_low",
+                    "policy.prob_diff_high", "policy.kl_coef", "advantage.adaptive_alpha", "launcher.stop_grace_s"]
+    for key in non_negative:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0")
+    for key in ("log.keep_segments", "log.max_age_s"):
+        if _get(cfg, key) is not None and _get(cfg, key) < 0:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0, or null to disable this retention rule")
+    for key in ("policy.lr", "critic.lr", "policy.warm_start.lr", "launcher.poll_s"):
+        if _get(cfg, key) <= 0:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be > 0")
     if cfg.schedule.max_off_policy < 0:
         raise ConfigError(f"schedule.max_off_policy={cfg.schedule.max_off_policy} must be >= 0 (0 = on-policy)")
+    if not 0 < cfg.advantage.gamma <= 1:
+        raise ConfigError(f"advantage.gamma={cfg.advantage.gamma} must be in (0, 1] (1 = undiscounted, the default)")
+    for key in ("advantage.lambda_policy", "advantage.lambda_value", "policy.warm_start.target_accuracy"):
+        if not 0 <= _get(cfg, key) <= 1:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be in [0, 1]")
+    if cfg.policy.clip_low >= 1:
+        raise ConfigError(f"policy.clip_low={cfg.policy.clip_low} must be < 1 (the ratio clip is [1 - clip_low, "
+                          "1 + clip_high]); use e.g. 0.2")
+    ev = cfg.critic.warmup.min_explained_variance
+    if ev is not None and ev > 1:
+        raise ConfigError(f"critic.warmup.min_explained_variance={ev} can never be reached (explained variance is "
+                          "at most 1); use a value <= 1, or null for no condition")
     if cfg.critic.value_clip < 0 or (cfg.critic.value_clip > 0 and cfg.critic.loss == "bce"):
         raise ConfigError(f"critic.value_clip={cfg.critic.value_clip} must be >= 0 and is not defined for "
                           "critic.loss=bce; set critic.value_clip=0")
@@ -360,6 +407,39 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     if from_run and not (Path(from_run) / "log" / "rollouts").is_dir():
         raise ConfigError(f"critic.warm_start.from_run={from_run!r} has no log/rollouts; point it at the run "
                           "directory of an earlier run (or leave it empty to sample fresh rollouts)")
+
+    def path_like(value: str) -> bool:
+        return value.startswith(("/", "./", "../", "~")) or value in (".", "..")
+
+    model = cfg.policy.model
+    if model != "tiny" and not Path(model).expanduser().is_dir() and (path_like(model) or "/" not in model):
+        raise ConfigError(f"policy.model={model!r} is neither 'tiny' nor an existing directory; give the path of a "
+                          "from_pretrained directory, a hub id like 'Qwen/Qwen3-0.6B', or 'tiny'")
+    init = cfg.critic.init
+    if init not in ("policy", "scratch") and not Path(init).expanduser().is_dir() and \
+            (path_like(init) or "/" not in init):
+        raise ConfigError(f"critic.init={init!r} is neither 'policy', 'scratch' nor an existing directory; use "
+                          "'policy', 'scratch' or the path of a saved critic")
+    if cfg.critic.privileged:
+        try:
+            ok = "{privileged}" in cfg.critic.template and cfg.critic.template.format(privileged="") is not None
+        except (KeyError, IndexError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError(f"critic.template={cfg.critic.template!r} must contain '{{privileged}}' and no other "
+                              "'{...}' field; e.g. 'answer:{privileged}|' (or set critic.privileged=false)")
+    arch = cfg.policy.arch
+    if arch.num_heads % arch.num_kv_heads:
+        raise ConfigError(f"policy.arch.num_heads={arch.num_heads} must be a multiple of policy.arch.num_kv_heads="
+                          f"{arch.num_kv_heads} (grouped-query attention)")
+    if model == "tiny":
+        if cfg.inference.max_new_tokens >= arch.max_position_embeddings:
+            raise ConfigError(f"inference.max_new_tokens={cfg.inference.max_new_tokens} leaves no room for the prompt "
+                              f"in policy.arch.max_position_embeddings={arch.max_position_embeddings}; lower it or "
+                              "raise max_position_embeddings")
+        if init in ("policy", "scratch") and cfg.critic.max_length > arch.max_position_embeddings:
+            raise ConfigError(f"critic.max_length={cfg.critic.max_length} exceeds policy.arch.max_position_embeddings="
+                              f"{arch.max_position_embeddings}, the critic's longest input; lower critic.max_length")
     if cfg.inference.temperature <= 0:
         raise ConfigError(f"inference.temperature={cfg.inference.temperature} must be > 0")
     if cfg.inference.group_size < 2 and cfg.advantage.estimator in ("grpo", "tether"):
@@ -372,6 +452,10 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     if cfg.replay.min_rollouts > cfg.replay.capacity:
         raise ConfigError(f"replay.min_rollouts={cfg.replay.min_rollouts} exceeds replay.capacity="
                           f"{cfg.replay.capacity}; the critic would never start training")
+    if cfg.advantage.estimator != "grpo" and cfg.replay.capacity < cfg.critic.batch_rollouts:
+        raise ConfigError(f"replay.capacity={cfg.replay.capacity} is smaller than one critic batch "
+                          f"(critic.batch_rollouts={cfg.critic.batch_rollouts}); raise replay.capacity or lower "
+                          "critic.batch_rollouts")
     for bad in set(cfg.task.ops) - set("+-*"):
         raise ConfigError(f"task.ops={cfg.task.ops!r} contains {bad!r}; use characters from '+-*'")
     if cuda_count is None:
