@@ -213,7 +213,7 @@ class TopologyConfig:
 @dataclass
 class TaskConfig:
     name: str = "arith"
-    """task: 'arith' (procedural arithmetic, verified exactly)"""
+    """task: 'arith' (procedural arithmetic, verified exactly) or 'math' (GSM8K/MATH-style data, math-verify)"""
     digits: int = 2
     """digits per operand"""
     operands: int = 2
@@ -224,6 +224,34 @@ class TaskConfig:
     """size of the fixed held-out evaluation set (never trained on)"""
     seed: int = 1234
     """seed of the held-out set (the training stream uses the run seed)"""
+    data: str = ""
+    """math: local .jsonl/.json/.parquet/.csv file or directory, or a hub dataset name (e.g. openai/gsm8k)"""
+    split: str = "train"
+    """math: split of a hub dataset (a local file is its own split)"""
+    data_config: Optional[str] = None
+    """math: hub dataset config name ('main' for openai/gsm8k)"""
+    heldout_data: Optional[str] = None
+    """math: separate held-out source (default: heldout_size prompts carved out of data)"""
+    heldout_split: str = "test"
+    """math: split of heldout_data when it is a hub name"""
+    prompt_template: str = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
+    """math: policy prompt; {question} is replaced, other braces are literal"""
+    privileged_solution: bool = True
+    """math: the critic also sees the reference solution, not only the reference answer"""
+    max_response_chars: int = 1024
+    """math: what task.max_answer_chars() reports (generation-budget hint)"""
+    verifier_workers: int = 2
+    """math: math-verify worker processes"""
+    verifier_timeout_s: float = 3.0
+    """math: per-check limit (fractions fine); +1 s grace, then the worker is killed and replaced"""
+    verifier_batch_timeout_s: float = 60.0
+    """math: total deadline of one score_many batch; unfinished checks score 0"""
+    verifier_max_chars: int = 4096
+    """math: responses are cut to their last N characters before checking"""
+    verifier_memory_mb: Optional[int] = 4096
+    """math: address-space limit per verifier worker (null: none)"""
+    data_cache_dir: Optional[str] = None
+    """math: HF datasets cache directory (default: HF_HOME)"""
 
 
 @dataclass
@@ -310,7 +338,7 @@ ALLOWED = {
     "launcher.name": ("local",),
     "replay.sampling": ("uniform", "fifo", "recent"),
     "critic.loss": ("mse", "huber", "bce"),
-    "task.name": ("arith",),
+    "task.name": ("arith", "math"),
 }
 
 
@@ -456,6 +484,20 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
         raise ConfigError(f"replay.capacity={cfg.replay.capacity} is smaller than one critic batch "
                           f"(critic.batch_rollouts={cfg.critic.batch_rollouts}); raise replay.capacity or lower "
                           "critic.batch_rollouts")
+    if cfg.task.name == "math":
+        import importlib.util
+
+        from prime_values.tasks.math import MathDataError, resolve_source
+
+        if importlib.util.find_spec("math_verify") is None or importlib.util.find_spec("datasets") is None:
+            raise ConfigError("task.name=math needs math-verify and datasets: pip install 'prime_values[math]' "
+                              "(or pip install -e '.[math]' in a checkout)")
+        for key in ("data", "heldout_data"):
+            if key == "data" or cfg.task[key]:
+                try:
+                    resolve_source(cfg.task[key], f"task.{key}", cfg.task.data_cache_dir)
+                except MathDataError as error:
+                    raise ConfigError(str(error)) from None
     for bad in set(cfg.task.ops) - set("+-*"):
         raise ConfigError(f"task.ops={cfg.task.ops!r} contains {bad!r}; use characters from '+-*'")
     if cuda_count is None:

@@ -36,7 +36,7 @@ def task(cache_dir):
 
 @pytest.fixture(scope="module")
 def pool():
-    p = VerifierPool(workers=2, call_timeout_s=1.0, kill_grace_s=0.5, batch_timeout_s=60.0).wait_ready()
+    p = VerifierPool(workers=2, call_timeout_s=5.0, kill_grace_s=1.0, batch_timeout_s=60.0).wait_ready()
     yield p
     p.close()
 
@@ -209,7 +209,9 @@ WRONG = [
 def test_correct_and_wrong_answers(pool):
     golds, texts = zip(*(CORRECT + WRONG))
     got = pool.score_many(list(golds), list(texts))
-    assert got == [1.0] * len(CORRECT) + [0.0] * len(WRONG)
+    expected = [1.0] * len(CORRECT) + [0.0] * len(WRONG)
+    assert got == expected, [(g, t, s) for g, t, s, e in zip(golds, texts, got, expected) if s != e]
+    assert pool.stats["timeouts"] == 0  # a loaded machine must not turn a right answer into a timeout
 
 
 def test_reference_solutions_score_one_through_the_task(task):
@@ -319,3 +321,20 @@ def test_rows_without_answers_are_skipped_loudly(cache_dir, tmp_path, caplog):
     nocol.write_text(json.dumps({"text": "hi", "answer": "1"}) + "\n")
     with pytest.raises(MathDataError, match="no 'question' or 'problem' column"):
         MathTask(data=str(nocol), data_cache_dir=cache_dir)
+
+
+def test_math_task_is_a_config_choice():
+    from prime_values.__main__ import precheck
+    from prime_values.tasks import make_task
+
+    data = str(Path(__file__).parent / "data" / "math_tiny.jsonl")
+    assert precheck(["+experiment=arith", "task=math", f"task.data={data}", "task.heldout_size=4"]) is None
+    problem = precheck(["+experiment=arith", "task=math", "task.data=/nonexistent/gsm8k.jsonl"])
+    assert "task.data" in problem and "\n" not in problem
+    # the task group holds every task's keys; each task takes its own (arith ignores data, math ignores digits)
+    task = make_task("math", data=data, heldout_size=4, digits=3, verifier_workers=1)
+    try:
+        assert len(task.heldout()) == 4
+    finally:
+        task.close()
+    assert make_task("arith", digits=3, data="ignored").digits == 3

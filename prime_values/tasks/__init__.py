@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 from .arith import ArithTask, Problem
+from .math import MathTask
 
 TASKS: dict[str, Callable[..., object]] = {
     "arith": ArithTask,
+    "math": MathTask,
 }
 
 
 def make_task(name: str, **kwargs):
+    """Build task `name` from the `task` config group; each task takes the keys it names (the group holds the
+    keys of every task, so e.g. `digits` reaches arith and `data` reaches math)."""
     try:
         factory = TASKS[name]
     except KeyError:
         raise ValueError(f"unknown task {name!r}; allowed: {', '.join(sorted(TASKS))}") from None
+    accepted = inspect.signature(factory).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
     return factory(**kwargs)
 
 
-__all__ = ["ArithTask", "Problem", "TASKS", "make_task"]
+__all__ = ["ArithTask", "MathTask", "Problem", "TASKS", "make_task"]
