@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import inspect
+
 import torch
 from transformers import DynamicCache
 
@@ -43,22 +45,29 @@ def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
     return ids, mask
 
 
+def _cache_kwarg(model) -> str:
+    """The forward argument that takes the KV cache: 'cache' in newer transformers 5.x, 'past_key_values' in
+    older ones (where an unknown 'cache' would be swallowed by **kwargs and every step would see one token)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def _decode(model, prompts, max_new_tokens, temperature, eos_id, pad_id, generator):
-    """Returns (tokens [B, T], logprobs [B, T], lengths [B], hit_eos [B]) for one batch."""
+    """Returns (tokens [B, T], logprobs [B, T], lengths [B], hit_eos [B]) for one batch, on the CPU."""
     if any(len(p) == 0 for p in prompts):
         raise ValueError("empty prompt: prepend a bos token")
-    ids, mask = _left_pad(prompts, pad_id)
+    device = next(model.parameters()).device
+    ids, mask = (t.to(device) for t in _left_pad(prompts, pad_id))
     bsz = ids.shape[0]
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                use_cache=True, logits_to_keep=1)
+    cache = {_cache_kwarg(model): DynamicCache(config=model.config)}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                **cache)
     next_pos = positions[:, -1:] + 1
-    tokens = torch.full((bsz, max_new_tokens), pad_id, dtype=torch.long)
-    logprobs = torch.zeros((bsz, max_new_tokens), dtype=torch.float32)
-    done = torch.zeros(bsz, dtype=torch.bool)
-    lengths = torch.full((bsz,), max_new_tokens, dtype=torch.long)
+    tokens = torch.full((bsz, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros((bsz, max_new_tokens), dtype=torch.float32, device=device)
+    done = torch.zeros(bsz, dtype=torch.bool, device=device)
+    lengths = torch.full((bsz,), max_new_tokens, dtype=torch.long, device=device)
     for t in range(max_new_tokens):
         logits = out.logits[:, -1, :].float()
         if temperature > 0:
@@ -75,17 +84,16 @@ def _decode(model, prompts, max_new_tokens, temperature, eos_id, pad_id, generat
         done |= newly
         if bool(done.all()) or t == max_new_tokens - 1:
             break
-        mask = torch.cat([mask, torch.ones((bsz, 1), dtype=mask.dtype)], dim=-1)
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, cache=cache,
-                    use_cache=True)
+        mask = torch.cat([mask, torch.ones((bsz, 1), dtype=mask.dtype, device=device)], dim=-1)
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos, use_cache=True, **cache)
         next_pos = next_pos + 1
-    return tokens, logprobs, lengths, done
+    return tokens.cpu(), logprobs.cpu(), lengths.cpu(), done.cpu()
 
 
 def _batched(model, prompts, max_new_tokens, temperature, eos_id, pad_id, seed, batch_size):
     was_training = model.training
     model.eval()
-    gen = torch.Generator().manual_seed(int(seed))
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(int(seed))
     results = []
     try:
         for start in range(0, len(prompts), batch_size or len(prompts) or 1):
@@ -139,8 +147,9 @@ def teacher_forced_logprobs(model, prompts: list[list[int]], responses: list[lis
     for i, s in enumerate(seqs):
         ids[i, :len(s)] = torch.tensor(s)
         mask[i, :len(s)] = 1
+    device = next(model.parameters()).device
     with torch.no_grad():
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits.float().cpu()
     lp = torch.log_softmax(logits[:, :-1] / (temperature if temperature > 0 else 1.0), dim=-1)
     lp = lp.gather(-1, ids[:, 1:, None]).squeeze(-1)
     return [lp[i, len(p) - 1:len(p) - 1 + len(r)].tolist() for i, (p, r) in enumerate(zip(prompts, responses))]

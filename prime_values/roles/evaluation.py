@@ -61,6 +61,8 @@ def sft_batch(tokenizer, task, problems) -> tuple[torch.Tensor, torch.Tensor, to
 
 
 def sft_loss(model, ids, mask, labels) -> tuple[torch.Tensor, dict]:
+    device = next(model.parameters()).device
+    ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
     tgt = labels[:, 1:]
     valid = tgt != -100

@@ -95,7 +95,7 @@ def pretrain_critic(ctx: RoleContext, critic, tokenizer, rows: list[dict]) -> No
     steps = cfg.critic.warm_start.steps
     for step in range(1, steps + 1):
         stats = critic_step(critic, optimizer, rng.sample(rows, min(cfg.critic.batch_rollouts, len(rows))),
-                            tokenizer, cfg, "cpu")
+                            tokenizer, cfg, ctx.device)
         if step % 25 == 0 or step == steps:
             ctx.metrics.log(critic_pretrain_step=step, **stats)
         if ctx.stopping():
@@ -110,7 +110,7 @@ def main(run_dir: str) -> None:
         load_policy, save_model
     from prime_values.tasks import make_task
 
-    ctx = RoleContext(run_dir, "warm_start")
+    ctx = RoleContext(run_dir, "warm_start", "policy_trainer_device")  # the policy trainer's device is free now
     cfg = ctx.cfg
     policy_root, critic_root = ctx.run.weights("policy"), ctx.run.weights("critic")
     if latest_version(policy_root) is not None and latest_version(critic_root) is not None:
@@ -126,17 +126,19 @@ def main(run_dir: str) -> None:
             model = build_tiny_policy(tokenizer, seed=ctx.seed(), **arch)
         else:
             tokenizer, model = AutoTokenizer.from_pretrained(cfg.policy.model), load_policy(cfg.policy.model)
+        model = model.to(ctx.device)
         accuracy = supervised(ctx, model, tokenizer, task)
         ctx.metrics.log(sft_s=time.time() - began, heldout_accuracy=accuracy)
         publish(policy_root, 0, lambda path: save_model(model, tokenizer, path))
     policy_dir = version_dir(policy_root, 0)
-    model, tokenizer = load_policy(policy_dir).eval(), AutoTokenizer.from_pretrained(policy_dir)
+    model, tokenizer = load_policy(policy_dir).to(ctx.device).eval(), AutoTokenizer.from_pretrained(policy_dir)
     if cfg.critic.init == "policy":
         critic = build_critic(policy_dir, tokenizer, seed=ctx.seed(1), **arch)
     elif cfg.critic.init == "scratch":
         critic = build_critic(None, tokenizer, seed=ctx.seed(1), **arch)
     else:
         critic = load_critic(cfg.critic.init)
+    critic = critic.to(ctx.device)
     if cfg.critic.warm_start.steps > 0 and cfg.advantage.estimator != "grpo":
         began = time.time()
         from_run = cfg.critic.warm_start.from_run

@@ -1,0 +1,49 @@
+"""The CUDA path, on a GPU machine only: `pytest -m gpu` (deselected by default; CI has no GPU).
+
+Run on a lent GPU machine with bench/gpu_check.sh. The CPU suite covers the same code with device 'cpu'."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def need_cuda():
+    if not torch.cuda.is_available():
+        pytest.fail("no CUDA device: these tests run only on a GPU machine (pytest -m gpu)")
+
+
+def test_sampling_logprobs_match_teacher_forcing_on_cuda():
+    from prime_values.algo.losses import token_logprobs
+    from prime_values.models import build_char_tokenizer, build_tiny_policy
+    from prime_values.models.sampling import sample
+
+    tok = build_char_tokenizer()
+    model = build_tiny_policy(tok, seed=0).to("cuda").eval()
+    prompts = [tok.encode(p, add_special_tokens=False) for p in ("12+34=", "5+6=")]
+    completions = sample(model, prompts, num_samples=4, max_new_tokens=6, temperature=1.0,
+                         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
+    for c in completions:
+        ids = torch.tensor([prompts[c.prompt_index] + list(c.response_ids)], device="cuda")
+        with torch.no_grad():
+            lp = token_logprobs(model(input_ids=ids).logits, ids)[0, len(prompts[c.prompt_index]):]
+        assert torch.allclose(lp.cpu(), torch.tensor(c.logprobs), atol=1e-3)
+
+
+def test_pipeline_with_every_role_on_cuda(tmp_path):
+    run_dir = tmp_path / "run"
+    devices = [f"topology.{k}=cuda:0" for k in ("inference_device", "evaluator_device", "policy_trainer_device",
+                                                 "value_trainer_device")]
+    result = subprocess.run([sys.executable, "-m", "prime_values", "+experiment=arith", "steps=20", "eval_every=10",
+                             *devices, f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True,
+                            timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "== prime_values run finished ==" in result.stdout
+    print(result.stdout[-1500:])
