@@ -1,0 +1,153 @@
+"""SLURM through submitit: one executor per role, job states that survive a cluster without accounting, cancel.
+
+`make_slurm_executor` maps our launcher/topology settings onto submitit's `SlurmExecutor` parameters (each
+becomes one `#SBATCH` line; see submitit's `slurm._make_sbatch_string`). `job_states` asks `squeue` for all
+jobs at once, then `sacct` for jobs slurmctld has already forgotten, then the job's submitit result file.
+`cancel_all` is one `scancel`.
+
+A one-node SLURM to try this on: `sudo launchers/local_slurm/start.sh` (see its README).
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+# SLURM job states in which a job will not run again; everything else (PENDING, RUNNING, COMPLETING, a
+# PREEMPTED job that may be requeued, UNKNOWN) counts as live, as in submitit.
+FINISHED = {
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "REVOKED", "TIMEOUT",
+}  # fmt: skip
+
+
+def parse_extra_sbatch(extra: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
+    """Extra sbatch options as submitit's `additional_parameters`.
+
+    A mapping passes through (`{"mail-type": "END", "exclusive": True}`; `True` means a bare flag). A list
+    takes long options as they would be written on the command line: `["--exclusive", "--mail-type=END"]`.
+    """
+    if extra is None:
+        return {}
+    if isinstance(extra, Mapping):
+        return {str(k): v for k, v in extra.items()}
+    params: dict[str, Any] = {}
+    for item in extra:
+        if not isinstance(item, str) or not item.startswith("--") or len(item) < 3:
+            raise ValueError(f"extra sbatch option {item!r}: write long options, e.g. '--mail-type=END'")
+        key, sep, value = item[2:].partition("=")
+        params[key] = value if sep else True
+    return params
+
+
+def make_slurm_executor(
+    folder: str | Path,
+    *,
+    partition: str | None = None,
+    account: str | None = None,
+    qos: str | None = None,
+    time_min: int = 60,
+    constraint: str | None = None,
+    extra_sbatch: Mapping[str, Any] | Iterable[str] | None = None,
+    job_name: str = "prime_values",
+    gpus_per_node: int = 0,
+    cpus_per_task: int = 1,
+    mem_gb: float | None = None,
+    nodes: int = 1,
+    tasks_per_node: int = 1,
+    setup: list[str] | None = None,
+    max_num_timeout: int = 0,
+) -> submitit.SlurmExecutor:
+    """A submitit executor that submits each `submit()` as one sbatch job.
+
+    `None` leaves a setting to the cluster's defaults (default partition, account, `DefMemPerCPU`);
+    `gpus_per_node=0` requests no GPUs. `setup` lines run in the batch script before the job (e.g.
+    `module load cuda`). `max_num_timeout` is how often submitit requeues a job that hit its time limit
+    (0: never; the conductor restarts roles itself). Raises RuntimeError when there is no `srun` here.
+    """
+    executor = submitit.SlurmExecutor(folder=Path(folder), max_num_timeout=max_num_timeout)
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "time": int(time_min),
+        "nodes": int(nodes),
+        "ntasks_per_node": int(tasks_per_node),
+        "cpus_per_task": int(cpus_per_task),
+        "partition": partition,
+        "account": account,
+        "qos": qos,
+        "constraint": constraint,
+        "additional_parameters": parse_extra_sbatch(extra_sbatch),
+    }
+    if gpus_per_node:
+        params["gpus_per_node"] = int(gpus_per_node)
+    if mem_gb is not None:
+        params["mem"] = f"{int(mem_gb)}GB" if mem_gb == int(mem_gb) else f"{int(mem_gb * 1024)}MB"
+    if setup:
+        params["setup"] = list(setup)
+    executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+    return executor
+
+
+def _keyed(jobs: Mapping[str, submitit.Job] | Iterable[submitit.Job]) -> dict[str, submitit.Job]:
+    return dict(jobs) if isinstance(jobs, Mapping) else {job.job_id: job for job in jobs}
+
+
+def _squeue_states(job_ids: list[str]) -> dict[str, str]:
+    """States slurmctld still holds (live jobs, and finished ones for MinJobAge seconds)."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "--states=all", "-o", "%i|%T", "-j", ",".join(job_ids)],
+            capture_output=True, text=True, timeout=30, check=False,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+
+def _result_state(job: submitit.Job) -> str | None:
+    """COMPLETED or FAILED from submitit's result file, when the job got far enough to write one."""
+    try:
+        with job.paths.result_pickle.open("rb") as f:
+            outcome = pickle.load(f)[0]
+    except (OSError, EOFError, pickle.UnpicklingError, IndexError, TypeError):
+        return None
+    return "COMPLETED" if outcome == "success" else "FAILED"
+
+
+def job_states(jobs: Mapping[str, submitit.Job] | Iterable[submitit.Job]) -> dict[str, str]:
+    """The SLURM state of every job, e.g. PENDING, RUNNING, COMPLETED, CANCELLED, FAILED, TIMEOUT, UNKNOWN.
+
+    Keys are the mapping's keys (role names) or, for a plain iterable, the job ids. States are normalised to
+    one word ("CANCELLED by 0" -> "CANCELLED"). squeue answers first: it is slurmctld's own view (sacct lags
+    a second or so behind it: a running job can still read PENDING there) and covers finished jobs for
+    `MinJobAge` (300 s by default). sacct (through submitit's shared watcher) answers for older jobs, and the
+    submitit result file when there is no accounting. Never raises for a missing command or daemon.
+    """
+    keyed = _keyed(jobs)
+    found = _squeue_states([job.job_id for job in keyed.values()]) if keyed else {}
+    missing = [job.job_id for job in keyed.values() if job.job_id not in found]
+    if missing:
+        watcher = submitit.SlurmJob.watcher  # one sacct call for all of them; logs a warning if sacct fails
+        for job_id in missing:
+            watcher.register_job(job_id)
+        watcher.update()
+        found.update({job_id: watcher.get_state(job_id, mode="cache") for job_id in missing})
+    states = {}
+    for key, job in keyed.items():
+        state = (found.get(job.job_id) or "UNKNOWN").split()[0].upper()
+        if state == "UNKNOWN":
+            state = _result_state(job) or state
+        states[key] = state
+    return states
+
+
+def cancel_all(jobs: Mapping[str, submitit.Job] | Iterable[submitit.Job]) -> list[str]:
+    """scancel every job in one call (finished ones are ignored by SLURM); returns the job ids."""
+    ids = [job.job_id for job in _keyed(jobs).values()]
+    if ids:
+        subprocess.run(["scancel", "--quiet", *ids], capture_output=True, timeout=60, check=False)
+    return ids
