@@ -66,8 +66,9 @@ class Fleet:
             if role_job.finished or not role_job.job.done():
                 continue
             role_job.finished = True
-            if role_job.job.state in ("FAILED", "INTERRUPTED", "CANCELLED") or role_job.job.exception():
-                raise RoleFailed(failure_message(role_job))
+            state = str(role_job.job.state).split()[0]  # SLURM says "CANCELLED by <uid>"
+            if state in FAILED_STATES or role_job.job.exception():
+                raise RoleFailed(failure_message(role_job, state))
             return role_job
         return None
 
@@ -80,6 +81,11 @@ class Fleet:
         deadline = time.time() + grace_s
         while self.running() and time.time() < deadline:
             time.sleep(0.2)
+        if self.cfg.launcher.name == "slurm":
+            from prime_values.launch.slurm import cancel_all
+
+            cancel_all([j.job for j in self.running()])  # one scancel; slurmd ends the job's processes
+            return
         for role_job in self.running():
             role_job.job.cancel()
         deadline = time.time() + 10
@@ -89,9 +95,15 @@ class Fleet:
             kill_tree(int(role_job.job.job_id))  # last resort: never leave a process behind (job_id is the pid)
 
 
-def failure_message(role_job: RoleJob) -> str:
-    error = role_job.job.exception()
-    text = str(error) if error else f"job ended in state {role_job.job.state}"
+# job states of a role that did not finish its work (submitit local and SLURM names)
+FAILED_STATES = {"FAILED", "INTERRUPTED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+                 "DEADLINE", "PREEMPTED", "REVOKED"}
+
+
+def failure_message(role_job: RoleJob, state: str) -> str:
+    # a cancelled SLURM job never writes a result: asking for its exception would wait for one
+    error = None if state in FAILED_STATES - {"FAILED"} else role_job.job.exception()
+    text = str(error) if error else f"job ended in state {state}"
     # submitit wraps the role's traceback between dashed rulers; its last line is the error itself
     sections = re.split(r"\n-{10,}\n", text)
     trace = sections[1] if len(sections) > 2 else text

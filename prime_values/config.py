@@ -278,13 +278,29 @@ class ScheduleConfig:
 @dataclass
 class LauncherConfig:
     name: str = "local"
-    """'local': every role a subprocess through submitit's local executor"""
+    """'local': every role a subprocess through submitit's local executor; 'slurm': every role an sbatch job"""
     poll_s: float = 0.5
     """how often the conductor checks jobs and refreshes progress"""
     stop_grace_s: float = 30.0
     """after the stop file is written, how long roles get to finish before they are cancelled"""
     timeout_min: int = 120
     """wall-clock limit of every role job"""
+    partition: Optional[str] = None
+    """slurm: partition (null = the cluster's default)"""
+    account: Optional[str] = None
+    """slurm: account to charge"""
+    qos: Optional[str] = None
+    """slurm: quality of service"""
+    constraint: Optional[str] = None
+    """slurm: node feature constraint"""
+    extra_sbatch: dict = field(default_factory=dict)
+    """slurm: further #SBATCH options, e.g. {mail-type: END, exclusive: true} (true = a bare flag)"""
+    setup: list = field(default_factory=list)
+    """slurm: shell lines run before the role starts, e.g. ['module load cuda/12.4']"""
+    cpus_per_task: int = 1
+    """slurm: CPUs per role job (threads within the role: topology.threads_per_role)"""
+    mem_gb: Optional[int] = None
+    """slurm: memory per role job (null = the cluster's default per CPU)"""
 
 
 @dataclass
@@ -335,7 +351,7 @@ ALLOWED = {
     "policy.trust_region": ("clip", "prob_diff"),
     "topology.evaluator": ("dedicated", "colocated"),
     "inference.backend": ("hf",),
-    "launcher.name": ("local",),
+    "launcher.name": ("local", "slurm"),
     "replay.sampling": ("uniform", "fifo", "recent"),
     "critic.loss": ("mse", "huber", "bce"),
     "task.name": ("arith", "math"),
@@ -364,6 +380,27 @@ def _check_device(key: str, device: str, cuda_count: int) -> None:
         raise ConfigError(f"{key}={device} asks for a GPU that does not exist (this machine has {have}); "
                           f"use cpu" + (f" or one of cuda:0..cuda:{cuda_count - 1}" if cuda_count else ""))
     raise ConfigError(f"{key}={device!r} is not a device; use 'cpu', 'auto' or 'cuda:<index>'")
+
+
+def _check_slurm(launcher) -> None:
+    """launcher=slurm: the client commands exist, and a partition is named or the cluster has a default one."""
+    import shutil
+    import subprocess
+
+    if launcher.partition is not None and not str(launcher.partition).strip():
+        raise ConfigError("launcher.partition is empty; name a partition (sinfo lists them) or set it to null for "
+                          "the cluster's default")
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        raise ConfigError("launcher=slurm needs the SLURM client commands (sbatch, sinfo) on this machine; run on a "
+                          "login node, or try launchers/local_slurm/start.sh")
+    listed = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30).stdout.split()
+    names = [p.rstrip("*") for p in listed]
+    if launcher.partition is None and not any(p.endswith("*") for p in listed):
+        raise ConfigError(f"launcher.partition is null but the cluster has no default partition; set "
+                          f"launcher.partition to one of: {', '.join(names) or '(sinfo lists none)'}")
+    if launcher.partition is not None and names and launcher.partition not in names:
+        raise ConfigError(f"launcher.partition={launcher.partition!r} is not a partition of this cluster; "
+                          f"choose one of: {', '.join(names)}")
 
 
 def validate(cfg, cuda_count: Optional[int] = None) -> None:
@@ -431,6 +468,8 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     if cfg.critic.value_clip < 0 or (cfg.critic.value_clip > 0 and cfg.critic.loss == "bce"):
         raise ConfigError(f"critic.value_clip={cfg.critic.value_clip} must be >= 0 and is not defined for "
                           "critic.loss=bce; set critic.value_clip=0")
+    if cfg.launcher.name == "slurm":
+        _check_slurm(cfg.launcher)
     from_run = cfg.critic.warm_start.from_run
     if from_run and not (Path(from_run) / "log" / "rollouts").is_dir():
         raise ConfigError(f"critic.warm_start.from_run={from_run!r} has no log/rollouts; point it at the run "

@@ -135,6 +135,7 @@ def test_slurm_without_partition():
     assert line is not None and "launcher.partition" in line and "unknown config key" not in line, line
 
 
+
 @pytest.mark.parametrize("overrides, key", [
     (["replay.capasity=10"], "replay.capasity"),
     (["topology.inference_device=cuda:3"], "topology.inference_device"),

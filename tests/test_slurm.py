@@ -28,7 +28,10 @@ def slurm():
     """Start (or find running) the local cluster; return its `scontrol show config` as a dict."""
     if os.geteuid() != 0:
         pytest.skip("local SLURM needs root: run `sudo launchers/local_slurm/start.sh` first, or the tests as root")
-    proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=900)
+    # 8 advertised CPUs: a run's 4-5 role jobs (1 CPU each) must all run at once; nothing is enforced
+    # without cgroups, so advertising more than the machine has is safe
+    proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "LOCAL_SLURM_CPUS": "8"})
     if proc.returncode in SKIP_CODES:
         pytest.skip(f"local SLURM cannot be installed here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, f"start.sh exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
@@ -114,3 +117,31 @@ def test_cancel_all_cancels_a_sleeping_job(slurm, tmp_path):
         while not job.done(force_check=True) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert job.done() and job.state.startswith("CANCELLED")
+
+
+def test_a_run_with_every_role_a_slurm_job(slurm, tmp_path):
+    """launcher=slurm end to end: warm start, then the roles as sbatch jobs; the conductor sees them finish and
+    cancels what is left; nothing stays queued."""
+    run_dir = tmp_path / "run"
+    small = ["+experiment=arith", "advantage=grpo", "steps=3", "eval_every=3", "policy.warm_start.steps=5",
+             "task.heldout_size=8", "inference.prompts_per_step=2", "inference.group_size=2",
+             "policy.arch.hidden_size=64", "policy.arch.num_heads=2", "policy.arch.num_kv_heads=1",
+             "policy.arch.intermediate_size=128", "launcher=slurm", "launcher.poll_s=0.5", "launcher.stop_grace_s=15"]
+    result = subprocess.run([sys.executable, "-m", "prime_values", *small, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "== prime_values run finished ==" in result.stdout
+    assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "3"
+    ids = [p.name.split("_")[0] for p in (run_dir / "jobs").glob("*/*_log.out")]
+    assert len(ids) == 4, ids  # warm_start, inference0, orchestrator, policy_trainer: each its own SLURM job
+    queued = subprocess.run(["squeue", "-h", "-j", ",".join(ids)], capture_output=True, text=True).stdout.strip()
+    assert not queued, f"jobs left in the queue after the run:\n{queued}"
+
+
+def test_launcher_slurm_config_is_checked_against_the_cluster(slurm):
+    from prime_values.__main__ import precheck
+
+    line = precheck(["+experiment=arith", "launcher=slurm", "launcher.partition=nope"])
+    assert line is not None and "launcher.partition='nope' is not a partition" in line and "debug" in line, line
+    assert precheck(["+experiment=arith", "launcher=slurm"]) is None  # the local cluster has a default partition

@@ -34,8 +34,18 @@ def entry(role: str):
 
 
 def make_executor(launcher, jobs_dir: Path, name: str, device: str):
+    """A submitit executor for role `name`: a local subprocess, or an sbatch job (launcher=slurm) that asks for
+    one GPU when the role's device is a GPU."""
     import submitit
 
+    if launcher.name == "slurm":
+        from prime_values.launch.slurm import make_slurm_executor
+
+        return make_slurm_executor(
+            jobs_dir / name, partition=launcher.partition, account=launcher.account, qos=launcher.qos,
+            constraint=launcher.constraint, extra_sbatch=dict(launcher.extra_sbatch), setup=list(launcher.setup),
+            time_min=launcher.timeout_min, job_name=f"pv_{name}", gpus_per_node=1 if device.startswith("cuda") else 0,
+            cpus_per_task=launcher.cpus_per_task, mem_gb=launcher.mem_gb)
     executor = submitit.LocalExecutor(folder=jobs_dir / name)
     params = {"timeout_min": launcher.timeout_min}
     if device.startswith("cuda:"):
