@@ -220,6 +220,9 @@ class TaskConfig:
     """numbers per problem"""
     ops: str = "+"
     """operators drawn from, any of '+-*'"""
+    show_work: bool = False
+    """arith: the answer is every running result left to right, comma-separated ('12+34+56=' -> '46,102'),
+    and the privileged critic sees that worked solution (needs operands >= 3 to matter; ops from '+-')"""
     heldout_size: int = 200
     """size of the fixed held-out evaluation set (never trained on)"""
     seed: int = 1234
@@ -537,6 +540,9 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                     resolve_source(cfg.task[key], f"task.{key}", cfg.task.data_cache_dir)
                 except MathDataError as error:
                     raise ConfigError(str(error)) from None
+    if cfg.task.name == "arith" and cfg.task.show_work and "*" in cfg.task.ops:
+        raise ConfigError(f"task.show_work=true needs task.ops from '+-' (got {cfg.task.ops!r}): running results "
+                          "are left to right")
     for bad in set(cfg.task.ops) - set("+-*"):
         raise ConfigError(f"task.ops={cfg.task.ops!r} contains {bad!r}; use characters from '+-*'")
     if cuda_count is None:

@@ -110,3 +110,16 @@ def test_short_sft_reduces_loss_and_heldout_accuracy_runs():
     out = supervised_warm_start(model, tok, task, steps=50, batch_size=8, seed=1, stop_at_accuracy=0.0,
                                 check_every=3, val_size=10)
     assert out["step"] == 3 and out["stopped_early"] and 0.0 <= out["val_acc"] <= 1.0
+
+
+def test_show_work_answers_are_running_results_and_the_critic_sees_them():
+    task = ArithTask(digits=2, operands=3, ops="+-", show_work=True, heldout_size=20)
+    p = task.make_problem([12, 34, 56], ["+", "-"])
+    assert (p.prompt, p.answer, p.privileged) == ("12+34-56=", "46,-10", "46,-10")
+    assert task.score(p, "46,-10") == 1.0 and task.score(p, "-10") == 0.0 and task.score(p, "45,-10") == 0.0
+    assert task.solution(p) == "46,-10"
+    # 99+99 = 198 (3 chars), 99+99+99 = 297 or down to -198 (4 chars with sign), a comma between: 9 >= len of any
+    assert task.max_answer_chars() == 4 + 4 + 1
+    assert all(len(q.answer) <= task.max_answer_chars() for q in task.heldout())
+    with pytest.raises(ValueError, match="show_work"):
+        ArithTask(ops="+*", operands=3, show_work=True)

@@ -8,6 +8,11 @@ Difficulty knobs:
 Expressions are evaluated with the usual precedence (``*`` before ``+``/``-``, then left to right),
 exactly as Python would; subtraction may give negative answers (``"3-15="`` -> ``"-12"``).
 
+With ``show_work`` (``+``/``-`` only) the answer is the worked solution: every running result left to
+right, comma-separated, the last one being the value: ``"12+34+56="`` -> ``"46,102"``. The privileged
+context is then that worked solution, so a privileged critic can check each intermediate result as the
+policy writes it (credit assignment inside a response).
+
 Prompts carry no spaces; the answer is the plain decimal integer. ``score`` is exact string match of
 the response (surrounding whitespace and a trailing ``<eos>`` text are ignored), never evaluates the
 response, and rejects over-long strings before looking at them, so it is O(answer length).
@@ -48,20 +53,22 @@ class ArithTask:
     name = "arith"
 
     def __init__(self, digits: int = 2, operands: int = 2, ops: str = "+", heldout_size: int = 200,
-                 seed: int = 1234):
+                 seed: int = 1234, show_work: bool = False):
         if not 1 <= digits <= 9:
             raise ValueError("digits must be in 1..9")
         if operands < 2:
             raise ValueError("operands must be >= 2")
         if not ops or set(ops) - set("+-*"):
             raise ValueError(f"ops must be a non-empty subset of '+-*', got {ops!r}")
-        self.digits, self.operands, self.seed = digits, operands, seed
+        if show_work and "*" in ops:
+            raise ValueError("show_work writes left-to-right running results: use ops from '+-' only")
+        self.digits, self.operands, self.seed, self.show_work = digits, operands, seed, show_work
         self.ops = "".join(dict.fromkeys(ops))  # dedupe, keep order
         self.heldout_size = heldout_size
         self.space_size = (10 ** digits) ** operands * len(self.ops) ** (operands - 1)
         if heldout_size > self.space_size // 2:
             raise ValueError(f"heldout_size {heldout_size} exceeds half of the {self.space_size} possible problems")
-        self._tag = f"arith-d{digits}-n{operands}-{self.ops}"
+        self._tag = f"arith-d{digits}-n{operands}-{self.ops}" + ("-work" if show_work else "")
         rng = random.Random(f"{self._tag}-heldout-{seed}")
         held: dict[str, Problem] = {}
         while len(held) < heldout_size:
@@ -79,7 +86,10 @@ class ArithTask:
 
     def make_problem(self, nums: list[int], ops: list[str]) -> Problem:
         prompt = str(nums[0]) + "".join(op + str(n) for op, n in zip(ops, nums[1:])) + "="
-        answer = str(_evaluate(nums, ops))
+        if self.show_work:  # running results, left to right: 12+34+56 -> 46,102
+            answer = ",".join(str(_evaluate(nums[: k + 2], ops[: k + 1])) for k in range(len(ops)))
+        else:
+            answer = str(_evaluate(nums, ops))
         pid = f"{self._tag}:{hashlib.sha1(prompt.encode()).hexdigest()[:12]}"
         return Problem(prompt_id=pid, prompt=prompt, answer=answer, privileged=answer)
 
@@ -117,7 +127,11 @@ class ArithTask:
         """Longest possible answer in characters (sign included): a safe ``max_new_tokens - 1``."""
         hi = 10 ** self.digits - 1
         biggest = hi ** self.operands if "*" in self.ops else hi * self.operands
-        return len(str(biggest)) + (1 if "-" in self.ops else 0)
+        one = len(str(biggest)) + (1 if "-" in self.ops else 0)
+        if self.show_work:  # operands - 1 running results and the commas between them
+            return sum(len(str(hi * (k + 2))) + (1 if "-" in self.ops else 0) for k in range(self.operands - 1)) \
+                + self.operands - 2
+        return one
 
     def describe(self) -> dict:
         return {
@@ -125,6 +139,7 @@ class ArithTask:
             "digits": self.digits,
             "operands": self.operands,
             "ops": self.ops,
+            "show_work": self.show_work,
             "precedence": "standard (* before +/-, left to right)",
             "heldout_size": self.heldout_size,
             "seed": self.seed,
