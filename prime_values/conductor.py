@@ -125,13 +125,14 @@ class Progress:
                       for name in ("warm_start", "policy_trainer", "orchestrator", "value_trainer")}
         self.tty = sys.stdout.isatty()
         self._last_print = 0.0
+        self.clock = time.time  # `prime_values.status` pins it to the last metric of an ended run
 
     def line(self) -> str:
         for tail in self.tails.values():
             tail.read()
         policy, orch, critic = (self.tails[n].last for n in ("policy_trainer", "orchestrator", "value_trainer"))
         warm = self.tails["warm_start"].last
-        elapsed = time.time() - self.started
+        elapsed = self.clock() - self.started
         if not policy:
             if "critic_pretrain_step" in warm:
                 return (f"[{elapsed:6.0f}s] warm start: critic pretraining step {warm['critic_pretrain_step']} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,11 @@ def assert_roles_did_their_part(run_dir: Path, steps: int, critic: bool) -> None
     for name in ("learning", "critic", "advantages", "replay", "throughput"):
         assert (run_dir / "report" / f"{name}.png").stat().st_size > 10_000, f"plot {name}.png missing or empty"
     assert "learning.png" in (run_dir / "report" / "summary.md").read_text()
+    from prime_values.status import status
+
+    shown = status(run_dir)
+    assert "ended, finished" in shown and f"policy step {steps}/{steps}" in shown
+    assert re.search(r"policy_trainer +job \d+ +COMPLETED", shown), shown
     assert not processes_mentioning(str(run_dir)), "a role process outlived the run"
 
 

@@ -137,6 +137,13 @@ def test_a_run_with_every_role_a_slurm_job(slurm, tmp_path):
     assert len(ids) == 4, ids  # warm_start, inference0, orchestrator, policy_trainer: each its own SLURM job
     queued = subprocess.run(["squeue", "-h", "-j", ",".join(ids)], capture_output=True, text=True).stdout.strip()
     assert not queued, f"jobs left in the queue after the run:\n{queued}"
+    from prime_values.status import status
+
+    shown = status(run_dir)  # job states from SLURM: every role left when asked to stop (or was cancelled)
+    assert "(slurm): ended, finished" in shown and "policy step 3/3" in shown, shown
+    states = {line.split()[0]: line.split()[-1] for line in shown.splitlines() if line.startswith("  ")}
+    assert set(states) == {"warm_start", "inference0", "orchestrator", "policy_trainer"}, shown
+    assert states["policy_trainer"] == "COMPLETED" and set(states.values()) <= {"COMPLETED", "CANCELLED"}, shown
 
 
 def test_launcher_slurm_config_is_checked_against_the_cluster(slurm):
