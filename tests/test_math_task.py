@@ -338,3 +338,21 @@ def test_math_task_is_a_config_choice():
     finally:
         task.close()
     assert make_task("arith", digits=3, data="ignored").digits == 3
+
+
+def test_inference_rows_are_scored_as_one_batch_by_the_verifier_pool(task):
+    from prime_values.models import build_char_tokenizer
+    from prime_values.models.sampling import Completion
+    from prime_values.roles.inference import build_rows
+
+    tok = build_char_tokenizer()
+    problems = task.sample(random.Random(0), 2)
+    texts = [f"so the answer is \\boxed{{{problems[0].answer}}}", "\\boxed{definitely wrong}"]
+    completions = [Completion(prompt_index=i, response_ids=tok.encode(t, add_special_tokens=False),
+                              logprobs=[-0.1] * len(tok.encode(t, add_special_tokens=False))) for i, t in
+                   enumerate(texts)]
+    prompt_ids = [tok.encode("q", add_special_tokens=False)] * 2
+    before = task.verifier_stats().get("calls", 0)
+    rows = build_rows(problems, completions, prompt_ids, task, 0, "w0", 0, tok)
+    assert [r["reward"] for r in rows] == [1.0, 0.0]
+    assert task.verifier_stats()["calls"] == before + 2

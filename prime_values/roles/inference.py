@@ -20,11 +20,12 @@ def build_rows(problems, completions, prompt_ids, task, policy_version: int, sha
                tokenizer) -> list[dict]:
     """One rollout record per completion: the flat trace, its masks, logprobs and verified reward."""
     rows, now = [], time.time()
-    for k, completion in enumerate(completions):
+    texts = tokenizer.batch_decode([list(c.response_ids) for c in completions], skip_special_tokens=True)
+    rewards = task.score_many([problems[c.prompt_index] for c in completions], texts)  # a batch: the pool's width
+    for k, (completion, text, reward) in enumerate(zip(completions, texts, rewards)):
         problem = problems[completion.prompt_index]
         prompt = prompt_ids[completion.prompt_index]
         response = list(completion.response_ids)
-        text = tokenizer.decode(response, skip_special_tokens=True)
         rows.append({
             "rollout_id": f"{shard}-{chunk:06d}-{k:04d}",
             "prompt_id": problem.prompt_id,
@@ -34,7 +35,7 @@ def build_rows(problems, completions, prompt_ids, task, policy_version: int, sha
             "token_ids": prompt + response,
             "policy_mask": [0] * len(prompt) + [1] * len(response),
             "sampling_logprobs": [0.0] * len(prompt) + [float(x) for x in completion.logprobs],
-            "reward": float(task.score(problem, text)),
+            "reward": float(reward),
             "stop_reason": completion.stop_reason,
             "privileged": problem.privileged,
             "task": json.dumps({"prompt": problem.prompt, "answer": problem.answer, "response": text}),

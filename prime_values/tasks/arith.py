@@ -119,6 +119,10 @@ class ArithTask:
             text = text[: -len(EOS_TEXT)].rstrip()
         return 1.0 if text == problem.answer else 0.0
 
+    def score_many(self, problems: list[Problem], texts: list[str]) -> list[float]:
+        """``score`` for a batch (the task interface the roles call; math verifies a batch in a worker pool)."""
+        return [self.score(p, t) for p, t in zip(problems, texts)]
+
     def solution(self, problem: Problem) -> str:
         """Target response text for supervised warm start (the caller appends eos)."""
         return problem.answer
