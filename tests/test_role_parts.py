@@ -276,3 +276,34 @@ def test_offline_critic_warm_start_reads_the_newest_rollouts_of_an_earlier_run(t
     cfg.critic.warm_start.from_run = str(tmp_path / "nowhere")
     with pytest.raises(ConfigError, match="critic.warm_start.from_run=.*has no log/rollouts"):
         validate(cfg, cuda_count=0)
+
+
+def test_policy_trainer_skips_a_batch_it_trained_before_a_restart(tmp_path):
+    from prime_values.log import LogReader, SegmentWriter
+    from prime_values.roles.policy_trainer import next_rows
+
+    def batch(step):
+        return [{"step": step, "rollout_id": f"r{step}", "policy_version": step - 1, "critic_version": 0,
+                 "token_ids": [1, 2], "policy_mask": [0, 1], "sampling_logprobs": [0.0, -1.0],
+                 "advantages": [0.0, 0.5], "reward": 1.0}]
+
+    with SegmentWriter(tmp_path / "batches", "main", "batches") as writer:
+        for step in (1, 2, 3):
+            writer.append(batch(step), seq=step - 1)
+
+    class Ctx:
+        def stopping(self):
+            return False
+
+        def wait(self, seconds=0.0):
+            pass
+
+    # crashed after publishing version 2 without committing batch 2: the cursor still points at batch 2
+    reader = LogReader(tmp_path / "batches", "policy_trainer", tmp_path / "cursors", "batches")
+    assert next_rows(reader, Ctx(), 1)[0]["step"] == 1
+    reader.commit()
+    restarted = LogReader(tmp_path / "batches", "policy_trainer", tmp_path / "cursors", "batches")
+    assert next_rows(restarted, Ctx(), 3)[0]["rollout_id"] == "r3"  # batch 2 skipped, not trained twice
+    fresh = LogReader(tmp_path / "batches", "other", tmp_path / "cursors", "batches")
+    with pytest.raises(AssertionError, match="not for step 0"):  # a batch from the future is an error, not skipped
+        next_rows(fresh, Ctx(), 0)

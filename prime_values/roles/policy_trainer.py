@@ -58,6 +58,22 @@ def next_batch(reader: LogReader, ctx: RoleContext):
     return None
 
 
+def next_rows(reader: LogReader, ctx: RoleContext, step: int) -> list[dict] | None:
+    """The rows of batch `step` (None when the run stops). Batches of earlier steps are committed and skipped:
+    a trainer restarted after publishing version n but before committing batch n meets batch n again, and its
+    update is already in the published weights."""
+    while True:
+        segment = next_batch(reader, ctx)
+        if segment is None:
+            return None
+        rows = to_rows(segment.table)
+        if rows and rows[0]["step"] < step:
+            reader.commit()
+            continue
+        assert all(r["step"] == step for r in rows), f"batch segment {segment.path} is not for step {step}"
+        return rows
+
+
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
@@ -86,11 +102,9 @@ def main(run_dir: str) -> None:
         evaluate(0)  # the accuracy at the first RL step, before any update
     for step in range(start + 1, cfg.steps + 1):
         waited = time.time()
-        segment = next_batch(reader, ctx)
-        if segment is None:
+        rows = next_rows(reader, ctx, step)
+        if rows is None:
             return
-        rows = to_rows(segment.table)
-        assert all(r["step"] == step for r in rows), f"batch segment {segment.path} is not for step {step}"
         began = time.time()
         stats = train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, ctx.device)
         publish(policy_root, step, lambda path: save_model(model, tokenizer, path))
