@@ -316,12 +316,8 @@ class Checker:
             if group_size and prompts and table.num_rows != group_size * prompts:
                 self.res.violation("batch-size", f"{where} has {table.num_rows} rows; a batch is "
                                                  f"prompts_per_step x group_size = {prompts * group_size}")
-            n = _lengths(table, "token_ids")
-            for column in ("policy_mask", "sampling_logprobs", "advantages"):
-                bad = np.flatnonzero(_lengths(table, column) != n)
-                if len(bad):
-                    self.res.violation("batch-length", f"{where}: {column} of {len(bad)} row(s) is not as long as "
-                                                       f"token_ids (first: row {bad[0]})")
+            n = self.check_token_lengths(table, where, "batch-length",
+                                         ("policy_mask", "sampling_logprobs", "advantages"))
             ids = table.column("rollout_id").to_pylist()
             self.batch_refs += zip([step] * len(ids), ids, n.tolist(), table.column("policy_version").to_pylist(),
                                    table.column("critic_version").to_pylist(), _crcs(table, "token_ids"))
@@ -395,15 +391,20 @@ class Checker:
                 res.violation("batch-size", f"batch step {step}: group {g!r} has {n} rollouts in the batch, not "
                                             f"inference.group_size={group_size} ({len(partial)} such group(s))")
 
+    def check_token_lengths(self, table: pa.Table, where: str, kind: str, columns: tuple[str, ...]) -> np.ndarray:
+        """Every per-token column as long as token_ids, row by row; returns the token_ids lengths."""
+        n = _lengths(table, "token_ids")
+        for column in columns:
+            bad = np.flatnonzero(_lengths(table, column) != n)
+            if len(bad):
+                self.res.violation(kind, f"{where}: {column} of {len(bad)} row(s) is not as long as token_ids "
+                                         f"(first: row {bad[0]})")
+        return n
+
     def read_targets(self) -> None:
         for shard, seq, table in self.segments("targets"):
             where = f"log/targets/{shard}/{segment_name(seq)}"
-            n = _lengths(table, "token_ids")
-            for column in ("policy_mask", "values", "value_targets"):
-                bad = np.flatnonzero(_lengths(table, column) != n)
-                if len(bad):
-                    self.res.violation("targets-length", f"{where}: {column} of {len(bad)} row(s) is not as long as "
-                                                         f"token_ids (first: row {bad[0]})")
+            n = self.check_token_lengths(table, where, "targets-length", ("policy_mask", "values", "value_targets"))
             self.target_refs += zip(table.column("rollout_id").to_pylist(), n.tolist())
             self.res.counts["targets"] += table.num_rows
 
@@ -435,12 +436,7 @@ class Checker:
         last_version: dict[str, tuple[int, int]] = {}
         for shard, seq, table in self.segments("rollouts"):
             where = f"log/rollouts/{shard}/{segment_name(seq)}"
-            n = _lengths(table, "token_ids")
-            for column in ("policy_mask", "sampling_logprobs"):
-                bad = np.flatnonzero(_lengths(table, column) != n)
-                if len(bad):
-                    self.res.violation("rollout", f"{where}: {column} of {len(bad)} row(s) is not as long as "
-                                                  f"token_ids (first: row {bad[0]})")
+            n = self.check_token_lengths(table, where, "rollout", ("policy_mask", "sampling_logprobs"))
             versions = table.column("policy_version").to_pylist()
             if versions:
                 low = min(versions)
