@@ -235,6 +235,7 @@ def main(run_dir: str) -> None:
     gate = WarmupGate(cfg, ctx.run) if needs_values else None
     provenance = CriticProvenance(ctx.run.weights("critic")) if needs_values else None
     recent: deque[dict] = deque(maxlen=cfg.inference.prompts_per_step)  # the critic's latest scored groups
+    running_ev = cfg.advantage.estimator == "tether" and cfg.advantage.tether_mode == "running"
     ready: deque[dict] = deque()
     step = batches.next_seq + 1  # batch n is segment n - 1 of the batches stream
     dropped_stale = dropped_warmup = 0
@@ -247,7 +248,7 @@ def main(run_dir: str) -> None:
         complete = join.pop_complete()
         scored_rows = []
         for group_rollouts, group_values in complete:
-            critic_ev = recent_explained_variance(recent) if recent else None
+            critic_ev = recent_explained_variance(recent) if recent and running_ev else None
             scored = score_group(group_rollouts, group_values, cfg, critic_ev)
             group = {"rollouts": group_rollouts, "values": group_values, "scored": scored}
             if group_values is not None:
