@@ -1,4 +1,5 @@
-"""`python -m prime_values +experiment=arith [key=value ...]`: compose, validate, hand to the conductor.
+"""`python -m prime_values +experiment=arith [key=value ...]`: compose, validate, run the experiment's stages
+(`stages: [sft, rl, eval]`, prime_values.stages; `rl` is the conductor).
 
 Before Hydra takes over, the command line is composed once with Hydra's compose API and validated, so a
 misspelled key, a wrong type, an unknown group option or an impossible topology fails in one line, before
@@ -90,6 +91,7 @@ def precheck(argv: list[str]) -> str | None:
     from hydra import compose, initialize_config_dir
 
     from prime_values.config import register, validate
+    from prime_values.stages import validate_stages
 
     register()
     try:
@@ -97,6 +99,7 @@ def precheck(argv: list[str]) -> str | None:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
         validate(cfg)
+        validate_stages(cfg)
     except Exception as error:  # every user-caused problem becomes one line
         return explain(error)
     return None
@@ -118,9 +121,9 @@ def main() -> None:
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def run(cfg) -> None:
-        from prime_values.conductor import conduct
+        from prime_values.stages import run_stages
 
-        conduct(cfg)
+        return run_stages(cfg)
 
     run()
 

@@ -12,7 +12,7 @@ import ast
 import inspect
 from dataclasses import MISSING as NO_DEFAULT, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from omegaconf import MISSING  # noqa: F401  (re-exported for conf authors)
 
@@ -320,6 +320,59 @@ class LogConfig:
 
 
 @dataclass
+class SFTConfig:
+    """The `sft` stage (stages: [sft, ...]): supervised fine-tuning of policy.model into
+    `<run>/stages/sft/model`, which the next stage starts from."""
+
+    data: str = ""
+    """'task': the task's own reference solutions; else a local .jsonl/.json/.parquet/.csv file or directory,
+    or a hub dataset name, whose rows have prompt + completion (or response) columns, or question/problem rows
+    in the math task's formats (GSM8K, MATH); set this or from_run"""
+    split: str = "train"
+    """split of a hub dataset in `data` (a local file is its own split)"""
+    data_config: Optional[str] = None
+    """hub dataset config name of `data` ('main' for openai/gsm8k)"""
+    from_run: str = ""
+    """an earlier run directory whose rollout log supplies the examples instead: its rollouts with reward >=
+    min_reward (rejection sampling; each distinct prompt + response once)"""
+    min_reward: float = 1.0
+    """from_run: keep rollouts whose reward is at least this"""
+    steps: int = 100
+    """SFT optimizer steps (batches drawn with replacement from the examples)"""
+    batch_size: int = 32
+    """examples per SFT step"""
+    lr: float = 1e-5
+    """SFT learning rate (AdamW, linear warm-up over warmup_steps, then constant)"""
+    warmup_steps: int = 10
+    """steps of linear learning-rate warm-up"""
+    max_length: int = 1024
+    """examples longer than this many tokens (prompt + response + eos) are dropped and counted"""
+    target_accuracy: float = 0.0
+    """stop early once greedy accuracy on val_size fixed training problems of the task (never held-out ones)
+    reaches this, checked every check_every steps (0 = run all steps)"""
+    check_every: int = 25
+    """SFT steps between target_accuracy checks"""
+    val_size: int = 64
+    """training problems in the target_accuracy check"""
+
+
+@dataclass
+class EvalConfig:
+    """The `eval` stage: avg@n and unbiased pass@k (Chen et al. 2021) on the task's held-out set."""
+
+    samples: int = 8
+    """n: completions sampled per held-out prompt"""
+    k: List[int] = field(default_factory=lambda: [1, 4, 8])
+    """the k of each pass@k reported (each <= samples)"""
+    temperature: float = 1.0
+    """sampling temperature (0 = greedy; then samples should be 1)"""
+    max_new_tokens: int = 0
+    """generation cap per completion (0 = inference.max_new_tokens)"""
+    batch_size: int = 256
+    """completions decoded together"""
+
+
+@dataclass
 class Config:
     seed: int = 0
     """seed of every role's random streams (each role/worker derives its own)"""
@@ -327,6 +380,11 @@ class Config:
     """policy-trainer steps (= batches = published policy versions after 0)"""
     eval_every: int = 25
     """policy steps between held-out evaluations (also at the first and last step)"""
+    stages: List[str] = field(default_factory=lambda: ["rl"])
+    """the experiment's stages in order, from 'sft', 'rl', 'eval'; each starts from the model the one before
+    produced; a stage with `<run>/stages/<name>/done.json` is skipped on a rerun (docs/stages.md)"""
+    stage: Optional[str] = None
+    """run only this stage, starting from policy.model (e.g. stage=eval policy.model=<dir>); null = all stages"""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -337,6 +395,8 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def register() -> None:

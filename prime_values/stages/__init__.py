@@ -1,0 +1,228 @@
+"""A pipeline of stages: an experiment lists them (`stages: [sft, rl, eval]`), each starts from the model the one
+before it produced, a finished stage is skipped when the experiment is rerun in the same run directory, and one
+stage can run alone (`stage=eval policy.model=<dir>`). See docs/stages.md.
+
+- `sft`  (`stages/sft.py`): supervised fine-tuning -> `<run>/stages/sft/model`;
+- `rl`   (the conductor, unchanged): the asynchronous RL run at the run root -> its last `weights/policy/<n>`;
+- `eval` (`stages/evaluate.py`): avg@n and pass@k on the task's held-out set -> `<run>/stages/eval/results.json`.
+
+`sft` and `eval` are jobs like the roles (a local subprocess or an sbatch job, per `launcher`); `rl` is the
+conductor itself. Each stage is done when `<run>/stages/<name>/done.json` exists, written atomically and last;
+it records what the stage started from and its settings, so a rerun redoes a stage whose settings changed
+(`rl` resumes when `steps` grew, and refuses to continue from a different model).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+from omegaconf import OmegaConf
+
+from prime_values.stages.common import MODEL_STAGES, STAGES, StageFailed, mark_done, read_done, resolved_config, \
+    run_stage_job
+
+__all__ = ["STAGES", "plan", "run_stages", "validate_stages"]
+
+
+def plan(cfg) -> list[str]:
+    """The stages this command runs, in order."""
+    return [cfg.stage] if cfg.get("stage") else list(cfg.stages)
+
+
+def validate_stages(cfg) -> None:
+    """Stage names and each stage's inputs, before any job starts; raises ConfigError (one line: key and fix)."""
+    from prime_values.config import ConfigError
+
+    names = list(cfg.stages)
+    for i, name in enumerate(names):
+        if name not in STAGES:
+            raise ConfigError(f"stages[{i}]={name!r} is not a stage; list stages from {', '.join(STAGES)}, e.g. "
+                              "stages=[sft,rl,eval]")
+    for name in set(names):
+        if names.count(name) > 1:
+            raise ConfigError(f"stages={names} runs {name!r} twice; list each stage once")
+    if cfg.stage is not None and cfg.stage not in STAGES:
+        raise ConfigError(f"stage={cfg.stage!r} is not a stage; choose one of {', '.join(STAGES)} (or leave stage "
+                          f"unset to run stages={names})")
+    if not names and cfg.stage is None:
+        raise ConfigError("stages is empty; list at least one of sft, rl, eval, e.g. stages=[rl,eval]")
+    run = plan(cfg)
+    if run[0] == "eval" and cfg.policy.model == "tiny":
+        how = "stage=eval" if cfg.stage else "stages starting with eval"
+        raise ConfigError(f"{how} evaluates policy.model, which is 'tiny' (an untrained model); set policy.model=<a "
+                          "from_pretrained directory, e.g. <run>/weights/policy/<step> or <run>/stages/sft/model>")
+    sft, ev = cfg.sft, cfg.eval
+    for key, value, low in (("sft.steps", sft.steps, 1), ("sft.batch_size", sft.batch_size, 1),
+                            ("sft.max_length", sft.max_length, 1), ("sft.check_every", sft.check_every, 1),
+                            ("sft.val_size", sft.val_size, 1), ("sft.warmup_steps", sft.warmup_steps, 0),
+                            ("eval.samples", ev.samples, 1), ("eval.batch_size", ev.batch_size, 1),
+                            ("eval.max_new_tokens", ev.max_new_tokens, 0)):
+        if value < low:
+            raise ConfigError(f"{key}={value} must be >= {low}")
+    if sft.lr <= 0:
+        raise ConfigError(f"sft.lr={sft.lr} must be > 0")
+    if not 0 <= sft.target_accuracy <= 1:
+        raise ConfigError(f"sft.target_accuracy={sft.target_accuracy} must be in [0, 1] (0 = run all sft.steps)")
+    if ev.temperature < 0:
+        raise ConfigError(f"eval.temperature={ev.temperature} must be >= 0 (0 = greedy)")
+    if not list(ev.k):
+        raise ConfigError("eval.k is empty; list the k of each pass@k, e.g. eval.k=[1,4,8]")
+    for k in ev.k:
+        if not 1 <= k <= ev.samples:
+            raise ConfigError(f"eval.k contains {k}, but pass@k needs 1 <= k <= eval.samples={ev.samples}; raise "
+                              f"eval.samples or drop {k}")
+    if "sft" in run:
+        from prime_values.stages.sft import SFTDataError, check_source
+
+        try:
+            check_source(sft, cfg.task)
+        except SFTDataError as error:
+            raise ConfigError(str(error)) from None
+
+
+# --- the pipeline ---------------------------------------------------------------------------------
+
+def _plain(node) -> dict:
+    return json.loads(json.dumps(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node))
+
+
+def stage_key(name: str, cfg, model: str, upstream: str | None) -> dict:
+    """What a finished stage is valid for: its input model and the settings that shape its output."""
+    key = {"input": model, "upstream": upstream}
+    if name == "sft":
+        key.update(sft=_plain(cfg.sft), task=_plain(cfg.task), seed=cfg.seed,
+                   arch=_plain(cfg.policy.arch) if model == "tiny" else None)
+    elif name == "rl":
+        key.update(steps=cfg.steps)
+    else:
+        key.update(eval=_plain(cfg.eval), task=_plain(cfg.task), max_new_tokens=cfg.inference.max_new_tokens)
+    return key
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _changed(old: dict, new: dict) -> list[str]:
+    a, b = _flat(old), _flat(new)
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+
+
+def _num(value, spec: str = ".3f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def describe(record: dict) -> str:
+    """The one-line account of a finished stage."""
+    f = record.get("figures", {})
+    if record["stage"] == "sft":
+        return (f"model {record['model']}, {f.get('steps')} steps, loss {_num(f.get('loss'))}, held-out accuracy "
+                f"{_num(f.get('heldout_accuracy'))}")
+    if record["stage"] == "rl":
+        return (f"policy {record['model']}, {f.get('policy_steps')} steps, held-out accuracy "
+                f"{_num(f.get('first_rl_step_accuracy'))} -> {_num(f.get('final_accuracy'))}")
+    return ", ".join(f"{k} {v:.3f}" for k, v in f.items()) + f"; {record.get('results')}"
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_stages(cfg) -> dict:
+    """Run the stages of `cfg` in Hydra's output directory; returns each stage's done record."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from prime_values.config import ConfigError
+    from prime_values.rundir import RunDir
+
+    try:
+        validate_stages(cfg)  # again here: multirun points come through here with their own values
+    except ConfigError as error:
+        print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    run = RunDir(HydraConfig.get().runtime.output_dir)
+    signal.signal(signal.SIGTERM, _terminate)
+    model, upstream, records = cfg.policy.model, None, {}
+    try:
+        for name in plan(cfg):
+            key = stage_key(name, cfg, model, upstream)
+            done = read_done(run, name)
+            record = None
+            if done is not None:
+                old = done.get("key", {})
+                same_input = (old.get("input"), old.get("upstream")) == (key["input"], key["upstream"])
+                if name == "rl" and not same_input:
+                    raise StageFailed(f"stage rl already ran in {run.root} from {old.get('input')}, not from {model}; "
+                                      "give this experiment a new run directory (hydra.run.dir=...) to start RL from "
+                                      "the new model")
+                if old == key or (name == "rl" and same_input and old.get("steps", 0) >= key["steps"]):
+                    print(f"stage {name}: done ({describe(done)}), skipped", flush=True)
+                    record = done
+                elif name == "rl":
+                    print(f"stage rl: done at {old.get('steps')} steps; steps={key['steps']} asks for more, resuming",
+                          flush=True)
+                else:
+                    print(f"stage {name}: done earlier with other settings ({', '.join(_changed(old, key))}), "
+                          "redoing", flush=True)
+            if record is None:
+                record = RUNNERS[name](run, cfg, model, upstream, key)
+            records[name] = record
+            if name in MODEL_STAGES:
+                model, upstream = record["model"], f"{name}@{record['finished_at']}"
+    except StageFailed as error:
+        print(f"prime_values: {error}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    if len(plan(cfg)) > 1 or plan(cfg) != ["rl"]:
+        print("stages: " + "; ".join(f"{n} done" for n in records), flush=True)
+    return records
+
+
+def _run_sft(run, cfg, model, upstream, key) -> dict:
+    from prime_values.stages import sft
+
+    stage_cfg = resolved_config(cfg)
+    stage_cfg.policy.model = model
+    print(f"stage sft: fine-tuning {model} -> {run.root}/stages/sft/model", flush=True)
+    result = run_stage_job(run, stage_cfg, "sft", sft.main, stage_cfg.topology.policy_trainer_device)
+    record = mark_done(run, "sft", {"key": key, "model": result["model"], "figures": result["figures"]})
+    print(f"stage sft: finished ({describe(record)})", flush=True)
+    return record
+
+
+def _run_rl(run, cfg, model, upstream, key) -> dict:
+    from prime_values.conductor import conduct
+
+    rl_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    rl_cfg.policy.model = model
+    if upstream is not None:
+        rl_cfg.policy.warm_start.steps = 0  # the stage before already fine-tuned it
+        print(f"stage rl: starts from {model} ({upstream.split('@')[0]} stage; policy.warm_start.steps=0)", flush=True)
+    summary = conduct(rl_cfg)
+    figures = {k: summary.get(k) for k in ("policy_steps", "warm_start_accuracy", "first_rl_step_accuracy",
+                                           "final_accuracy", "final_reward_mean", "final_explained_variance",
+                                           "critic_version", "wall_s")}
+    record = mark_done(run, "rl", {"key": key, "model": summary["policy_weights"], "figures": figures,
+                                   "summary": str(run.report / "summary.json")})
+    return record
+
+
+def _run_eval(run, cfg, model, upstream, key) -> dict:
+    from prime_values.stages import evaluate
+
+    stage_cfg = resolved_config(cfg)
+    stage_cfg.policy.model = model
+    results = run_stage_job(run, stage_cfg, "eval", evaluate.main, stage_cfg.topology.inference_device)
+    print(evaluate.format_table(results), flush=True)
+    path = run.root / "stages" / "eval" / "results.json"
+    return mark_done(run, "eval", {"key": key, "model": model, "figures": results["metrics"], "results": str(path)})
+
+
+RUNNERS = {"sft": _run_sft, "rl": _run_rl, "eval": _run_eval}

@@ -1,0 +1,153 @@
+"""What the stage jobs share: where a stage lives in the run directory, its done marker, its job context, and the
+conductor-side submit-and-wait of one stage job.
+
+A stage lives in `<run>/stages/<name>/`: `config.yaml` (the resolved config its job reads), its outputs, and
+`done.json`, written atomically and last, when the stage finished. `rl` keeps its outputs where a run has always
+kept them (log/, weights/, metrics/, report/ at the run root) so every tool that reads a run directory still
+works; its stage directory holds only its marker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+import zlib
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from prime_values.rundir import RunDir, write_atomic
+
+STAGES = ("sft", "rl", "eval")
+MODEL_STAGES = ("sft", "rl")  # stages whose output is a model the next stage starts from
+
+
+class StageFailed(RuntimeError):
+    pass
+
+
+def stage_dir(run: RunDir, name: str) -> Path:
+    return run.root / "stages" / name
+
+
+def done_file(run: RunDir, name: str) -> Path:
+    return stage_dir(run, name) / "done.json"
+
+
+def read_done(run: RunDir, name: str) -> dict | None:
+    try:
+        return json.loads(done_file(run, name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def mark_done(run: RunDir, name: str, record: dict) -> dict:
+    """Write the stage's done marker (atomically; the last thing a stage writes)."""
+    record = {"stage": name, "finished_at": time.time(), **record}
+    done_file(run, name).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(done_file(run, name), json.dumps(record, indent=2))
+    return record
+
+
+class StageContext:
+    """Inside a stage job: the run, the stage's resolved config, metrics, device, seeds and the stop check."""
+
+    def __init__(self, run_dir: str | os.PathLike, name: str, device_key: str):
+        from prime_values.launch import job_device
+        from prime_values.monitor import MetricsWriter
+
+        self.run, self.name = RunDir(run_dir), name
+        self.dir = stage_dir(self.run, name)
+        self.cfg = OmegaConf.load(self.dir / "config.yaml")
+        self.metrics = MetricsWriter(self.run.metrics(name), name)
+        self.device = job_device(self.cfg.topology[device_key])
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+        self.log = logging.getLogger(f"prime_values.stages.{name}")
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)  # a stage runs alone on its machine
+        torch.manual_seed(self.seed())
+
+    def seed(self, *salt: int) -> int:
+        return zlib.crc32(repr((self.cfg.seed, self.name, salt)).encode()) % (2**31)
+
+    def stopping(self) -> bool:
+        """The conductor asks a stage job to stop through `stages/<name>/STOP`; a local job also stops when its
+        conductor is gone."""
+        return (self.dir / "STOP").exists() or not self.run.conductor_alive()
+
+
+def resolved_config(cfg):
+    """A plain, resolved copy of `cfg` with 'auto' devices replaced (as the conductor does for the rl roles)."""
+    import torch
+
+    from prime_values.launch import resolve_devices
+
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    resolve_devices(cfg.topology, torch.cuda.device_count())
+    return cfg
+
+
+def _progress_line(name: str, record: dict, started: float) -> str:
+    shown = {k: v for k, v in record.items() if k not in ("time", "role")}
+    parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in list(shown.items())[:6]]
+    return f"[{time.time() - started:6.0f}s] stage {name}: " + (", ".join(parts) or "starting")
+
+
+def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
+    """Submit `function(run_dir)` as the stage's job (local subprocess or sbatch, as launcher says), show its
+    progress, and return what it returned. A failure raises StageFailed with the job's last error line;
+    Ctrl-C / SIGTERM asks the job to stop, then cancels it."""
+    from prime_values.launch import kill_tree, make_executor
+    from prime_values.monitor import MetricsTail
+
+    folder = stage_dir(run, name)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "STOP").unlink(missing_ok=True)
+    write_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg))
+    run.mkdirs()
+    run.register_conductor(watch=cfg.launcher.name == "local")
+    job = make_executor(cfg.launcher, run.jobs, name, device).submit(function, str(run.root))
+    tail, started, last_print = MetricsTail(run.metrics(name)), time.time(), 0.0
+    tail.read()  # only this attempt's lines
+    try:
+        while not job.done():
+            tail.read()
+            if time.time() - last_print >= 10:
+                print(_progress_line(name, tail.last, started), flush=True)
+                last_print = time.time()
+            time.sleep(cfg.launcher.poll_s)
+    except KeyboardInterrupt:
+        write_atomic(folder / "STOP", "interrupted\n")
+        deadline = time.time() + cfg.launcher.stop_grace_s
+        while not job.done() and time.time() < deadline:
+            time.sleep(0.2)
+        if not job.done():
+            job.cancel()
+            if cfg.launcher.name == "local":
+                time.sleep(2)
+                if not job.done():
+                    kill_tree(int(job.job_id))
+        raise StageFailed(f"stage {name} interrupted by the user")
+    error = job.exception()
+    if error is not None:
+        # submitit puts the job's traceback between dashed rulers; its last line is the error itself
+        sections = re.split(r"\n-{10,}\n", str(error))
+        trace = sections[1] if len(sections) > 2 else str(error)
+        lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
+        raise StageFailed(f"stage {name} failed: {lines[-1] if lines else error} (full log: {job.paths.stderr})")
+    tail.read()
+    if tail.last:
+        print(_progress_line(name, tail.last, started), flush=True)
+    result = job.result()
+    write_atomic(run.state(name) / "done", json.dumps({"stage": name}))  # `prime_values.status` shows COMPLETED
+    return result
+
+
+def fail(message: str) -> None:
+    print(f"prime_values: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
