@@ -42,7 +42,7 @@ DEFAULT_TEMPLATE = "{question}\nPlease reason step by step, and put your final a
 _LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _PROMPT_KEYS = ("question", "problem")
 # keys of the shared TaskConfig that belong to other tasks (arith); accepted and ignored here
-_OTHER_TASK_KEYS = frozenset({"digits", "operands", "ops"})
+_OTHER_TASK_KEYS = frozenset({"digits", "operands", "ops", "show_work"})
 
 
 class MathDataError(ValueError):
