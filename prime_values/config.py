@@ -373,6 +373,30 @@ class EvalConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases: the conductor forwards every role's metrics (`metrics/<role>.jsonl`) to one W&B run per
+    experiment, keys prefixed by role (`policy_trainer/loss`), x-axis `policy_step` (prime_values/wandb_sink.py)."""
+
+    mode: str = "disabled"
+    """'disabled', 'offline' (files under <run>/wandb/; upload later with `wandb sync`) or 'online' (falls back
+    to offline, with one log line, when there is no API key: WANDB_API_KEY or `wandb login`); offline and
+    online need the wandb extra: pip install 'prime_values[wandb]'"""
+    project: str = "prime_values"
+    """W&B project"""
+    entity: Optional[str] = None
+    """W&B entity (user or team; null = your default entity)"""
+    group: Optional[str] = None
+    """W&B group (null = in a Hydra multirun the sweep directory's name, so a sweep's points group together;
+    none for a single run)"""
+    name: Optional[str] = None
+    """W&B run name (null = the sweep point's overrides in a multirun, else the run directory's name)"""
+    tags: list = field(default_factory=list)
+    """W&B tags, e.g. [arith, baseline]"""
+    poll_s: float = 5.0
+    """seconds between forwarding rounds (the last metrics are forwarded when the run ends)"""
+
+
+@dataclass
 class Config:
     seed: int = 0
     """seed of every role's random streams (each role/worker derives its own)"""
@@ -397,6 +421,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 def register() -> None:
