@@ -8,6 +8,7 @@ asks them to stop through the control file they all poll.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import sys
@@ -16,9 +17,10 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
-from prime_values.launch import entry, kill_tree, make_executor, resolve_devices
+from prime_values.launch import entry, kill_tree, make_executor, resolve_devices, role_procs
 from prime_values.monitor import MetricsTail
 from prime_values.rundir import RunDir, write_atomic
+from prime_values.weights import latest_version
 
 
 class RoleFailed(RuntimeError):
@@ -30,21 +32,31 @@ class RoleJob:
     name: str
     role: str
     job: object
+    device: str = "cpu"
+    args: tuple = ()
     finished: bool = False
+    restarts: int = 0
+    restart_at: float | None = None  # a failed job waiting out its backoff before it is resubmitted
 
 
 @dataclass
 class Fleet:
-    """The submitted role jobs of one run."""
+    """The submitted role jobs of one run. A role that fails is resubmitted (launcher.max_restarts, with
+    backoff): every role resumes from what it left in the run directory."""
 
     run: RunDir
     cfg: object
     jobs: list[RoleJob] = field(default_factory=list)
+    restarts: int = 0
+
+    def _launch(self, role_job: RoleJob) -> None:
+        executor = make_executor(self.cfg.launcher, self.run.jobs, role_job.name, role_job.device,
+                                 tasks=role_procs(self.cfg.topology, role_job.role))  # trainers: one task per rank
+        role_job.job = executor.submit(entry(role_job.role), str(self.run.root), *role_job.args)
 
     def submit(self, name: str, role: str, device: str, *args) -> RoleJob:
-        executor = make_executor(self.cfg.launcher, self.run.jobs, name, device)
-        job = executor.submit(entry(role), str(self.run.root), *args)
-        role_job = RoleJob(name, role, job)
+        role_job = RoleJob(name, role, None, device, args)
+        self._launch(role_job)
         self.jobs.append(role_job)
         return role_job
 
@@ -61,16 +73,42 @@ class Fleet:
             self.submit("value_trainer", "value_trainer", topo.value_trainer_device)
 
     def check(self) -> RoleJob | None:
-        """The first job that ended; raises RoleFailed with the role's error and log path if it failed."""
+        """The first job that ended with its work done (policy trainer, warm start). A failed job is scheduled
+        for a restart, or, past launcher.max_restarts, raises RoleFailed with the role's error and log path."""
+        self._restart_due()
         for role_job in self.jobs:
-            if role_job.finished or not role_job.job.done():
+            if role_job.finished or role_job.restart_at is not None or not role_job.job.done():
                 continue
-            role_job.finished = True
             state = str(role_job.job.state).split()[0]  # SLURM says "CANCELLED by <uid>"
-            if state in FAILED_STATES or role_job.job.exception():
-                raise RoleFailed(failure_message(role_job, state))
-            return role_job
+            failed = state in FAILED_STATES or role_job.job.exception() is not None
+            if not failed and self.run.done_file(role_job.name).exists():
+                role_job.finished = True
+                return role_job
+            message = failure_message(role_job, state) if failed else \
+                f"role {role_job.name} exited before the run finished (log: {role_job.job.paths.stderr})"
+            self._schedule_restart(role_job, message)
         return None
+
+    def _schedule_restart(self, role_job: RoleJob, message: str) -> None:
+        launcher = self.cfg.launcher
+        if role_job.restarts >= launcher.max_restarts:
+            role_job.finished = True
+            suffix = f" after {role_job.restarts} restarts" if role_job.restarts else ""
+            raise RoleFailed(message + suffix)
+        role_job.restarts += 1
+        self.restarts += 1
+        delay = min(launcher.restart_backoff_s * 2 ** (role_job.restarts - 1), 60.0)
+        role_job.restart_at = time.time() + delay
+        print(f"\nprime_values: {message}; restarting it in {delay:.0f} s "
+              f"({role_job.restarts}/{launcher.max_restarts})", flush=True)
+        write_atomic(self.run.root / "control" / "restarts.json",
+                     json.dumps({j.name: j.restarts for j in self.jobs}, sort_keys=True) + "\n")
+
+    def _restart_due(self) -> None:
+        for role_job in self.jobs:
+            if role_job.restart_at is not None and time.time() >= role_job.restart_at:
+                role_job.restart_at = None
+                self._launch(role_job)
 
     def running(self) -> list[RoleJob]:
         return [j for j in self.jobs if not j.job.done()]
@@ -190,20 +228,19 @@ def conduct(cfg) -> dict:
     progress = Progress(run, cfg.steps)
     print(f"prime_values: run directory {run.root}", flush=True)
     reason, failure = "finished", None
+    if run.done_file("policy_trainer").exists() and (latest_version(run.weights("policy")) or 0) >= cfg.steps:
+        print(f"prime_values: this run already finished all {cfg.steps} steps; nothing to redo", flush=True)
+        summary = summarise(run, status="finished")
+        print(format_summary(summary), flush=True)
+        return summary
     try:
         warm = fleet.submit("warm_start", "warm_start", cfg.topology.policy_trainer_device)
         while fleet.check() is not warm:
             progress.show()
             time.sleep(cfg.launcher.poll_s)
         fleet.start_roles()
-        while True:
-            ended = fleet.check()
+        while (ended := fleet.check()) is None or ended.role != "policy_trainer":
             progress.show()
-            if ended is not None and ended.role == "policy_trainer":
-                break
-            if ended is not None:
-                raise RoleFailed(f"role {ended.name} exited before the run finished "
-                                 f"(log: {ended.job.paths.stderr})")
             time.sleep(cfg.launcher.poll_s)
     except RoleFailed as error:
         reason, failure = "failed", str(error)

@@ -288,6 +288,11 @@ class LauncherConfig:
     """after the stop file is written, how long roles get to finish before they are cancelled"""
     timeout_min: int = 120
     """wall-clock limit of every role job"""
+    max_restarts: int = 3
+    """a role that fails (crash, kill, node failure, preemption) is resubmitted from its state in the run directory
+    up to this many times per role before the run fails (0 = fail the run at the first failure)"""
+    restart_backoff_s: float = 2.0
+    """wait before a role's first restart; doubled for each further restart of the same role (at most 60 s)"""
     partition: Optional[str] = None
     """slurm: partition (null = the cluster's default)"""
     account: Optional[str] = None
@@ -317,6 +322,9 @@ class LogConfig:
     visibility is atomic either way)"""
     keep_weights: int = 3
     """published weight versions kept per model (version 0 is always kept)"""
+    optimizer_state_every: int = 1
+    """the trainers save their optimizer state inside every Nth published version (`optimizer.pt`), so a restarted
+    trainer resumes its Adam moments; a restart from a version without one starts a fresh optimizer (0 = never)"""
 
 
 @dataclass
@@ -529,7 +537,8 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                     "policy.warm_start.steps", "critic.warm_start.steps", "critic.warmup.min_version",
                     "critic.warmup.max_rollouts", "critic.throttle_s", "policy.weight_decay", "policy.max_grad_norm",
                     "critic.max_grad_norm", "policy.clip_low", "policy.clip_high", "policy.prob_diff_low",
-                    "policy.prob_diff_high", "policy.kl_coef", "advantage.adaptive_alpha", "launcher.stop_grace_s"]
+                    "policy.prob_diff_high", "policy.kl_coef", "advantage.adaptive_alpha", "launcher.stop_grace_s",
+                    "launcher.max_restarts", "launcher.restart_backoff_s", "log.optimizer_state_every"]
     for key in non_negative:
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0")

@@ -35,6 +35,10 @@ class RunDir:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def done_file(self, role: str) -> Path:
+        """Written by a role whose work is complete (warm start, policy trainer): it is not run again."""
+        return self.root / "state" / role / "done"
+
     def metrics(self, role: str) -> Path:
         return self.root / "metrics" / f"{role}.jsonl"
 

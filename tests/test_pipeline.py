@@ -122,9 +122,14 @@ def test_pipeline_grpo_starts_no_critic(tmp_path):
 
 
 def test_crashing_role_stops_the_run(tmp_path):
+    """A role that fails again after its restarts (launcher.max_restarts) stops the run with its error."""
     run_dir = tmp_path / "run"
-    result = run_pipeline(run_dir, env={"PRIME_VALUES_FAULT": "orchestrator"})
+    result = run_pipeline(run_dir, "launcher.max_restarts=1", "launcher.restart_backoff_s=0.1",
+                          env={"PRIME_VALUES_FAULT": "orchestrator"})
     assert result.returncode == 1
+    assert "restarting it in 0 s (1/1)" in result.stdout, result.stdout[-2000:]
     assert "role orchestrator failed" in result.stderr and "injected fault" in result.stderr
+    assert "after 1 restarts" in result.stderr
+    assert json.loads((run_dir / "control" / "restarts.json").read_text())["orchestrator"] == 1
     assert str(run_dir / "jobs" / "orchestrator") in result.stderr  # the role's log path
     assert not processes_mentioning(str(run_dir)), "a role process outlived the failed run"

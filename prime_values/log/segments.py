@@ -306,9 +306,13 @@ class LogReader:
         self.quarantined += 1
         log.warning("quarantined %s to %s: %s", e.path, dst, e.reason)
 
-    def commit(self) -> None:
-        """Atomically persist the position; other streams in the same cursor file are kept."""
+    def commit(self, hold: dict[str, int] | None = None) -> None:
+        """Atomically persist the position; other streams in the same cursor file are kept.
+
+        `hold` {shard: seq}: persist at most that seq for a shard, for a consumer that still holds rows of
+        segment `seq` in memory: a restart re-reads from there instead of losing them."""
         cursor = load_cursor(self.cursor_path)
-        cursor[self.stream] = dict(sorted(self.next_seq.items()))
+        hold = hold or {}
+        cursor[self.stream] = {shard: min(seq, hold.get(shard, seq)) for shard, seq in sorted(self.next_seq.items())}
         self.cursor_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.cursor_path, json.dumps(cursor, indent=1, sort_keys=True).encode())

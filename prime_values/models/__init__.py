@@ -7,9 +7,11 @@ from .build import (
     build_tiny_policy,
     critic_values,
     load_critic,
+    load_optimizer_state,
     load_policy,
     num_parameters,
     save_model,
+    save_optimizer_state,
     tiny_config,
 )
 from .sampling import Completion, greedy, sample, teacher_forced_logprobs
@@ -17,6 +19,7 @@ from .tokenizer import build_char_tokenizer
 
 __all__ = [
     "ARCH_PRESETS", "DEFAULT_ARCH", "Completion", "build_char_tokenizer", "build_critic", "build_tiny_policy",
-    "critic_values", "greedy", "load_critic", "load_policy", "num_parameters", "sample", "save_model",
+    "critic_values", "greedy", "load_critic", "load_optimizer_state", "load_policy", "num_parameters", "sample",
+    "save_model", "save_optimizer_state",
     "teacher_forced_logprobs", "tiny_config",
 ]

@@ -177,3 +177,27 @@ def save_model(model: PreTrainedModel, tokenizer, path: str | os.PathLike) -> No
 
 def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+OPTIMIZER_STATE = "optimizer.pt"  # inside a published version dir, next to model.safetensors
+
+
+def save_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLike) -> None:
+    """The optimizer state that produced the weights in `path` (called inside `publish`, so it appears atomically
+    with them): a restarted trainer resumes its Adam moments instead of starting them at zero, which would make
+    its first steps after a restart larger than any before."""
+    torch.save(optimizer.state_dict(), Path(path) / OPTIMIZER_STATE)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLike) -> str:
+    """Restore the optimizer state saved with the version in `path`; returns what happened, for the role's log.
+    A version saved without one (log.optimizer_state_every) or an unreadable file is not fatal: the trainer
+    goes on with a fresh optimizer."""
+    file = Path(path) / OPTIMIZER_STATE
+    if not file.exists():
+        return f"no optimizer state in {path}: fresh optimizer"
+    try:
+        optimizer.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+    except Exception as error:  # torn or foreign file: never fatal
+        return f"optimizer state {file} unusable ({type(error).__name__}: {error}): fresh optimizer"
+    return f"optimizer state restored from {file}"

@@ -68,5 +68,5 @@ class RoleContext:
         return LogReader(self.run.stream(stream), consumer, self.run.cursors, stream)
 
     def mark_done(self, **summary) -> None:
-        write_atomic(self.state / "done", json.dumps(summary))
+        write_atomic(self.run.done_file(self.name), json.dumps(summary))
 

@@ -26,21 +26,28 @@ from prime_values.weights import latest_version
 
 
 class GroupJoin:
-    """Holds rollouts until their group is complete (and, with a critic, until every one has values)."""
+    """Holds rollouts until their group is complete (and, with a critic, until every one has values).
 
-    def __init__(self, group_size: int, needs_values: bool):
+    `done`: rollout ids already used (batched, or dropped for good) — a restarted orchestrator re-reads the log
+    from its held position and must not use them twice; values of a done rollout (an evaluator that re-scored
+    after its own restart) are ignored."""
+
+    def __init__(self, group_size: int, needs_values: bool, done: set[str] | None = None):
         self.group_size, self.needs_values = group_size, needs_values
         self.values: dict[str, dict] = {}
         self.groups: dict[str, list[dict]] = {}
+        self.done: set[str] = done if done is not None else set()
         self.waiting_rollouts = 0
 
     def add_rollouts(self, rows: list[dict]) -> None:
         for row in rows:
-            self.groups.setdefault(row["group_id"], []).append(row)
+            if row["rollout_id"] not in self.done:
+                self.groups.setdefault(row["group_id"], []).append(row)
 
     def add_values(self, rows: list[dict]) -> None:
         for row in rows:
-            self.values[row["rollout_id"]] = row
+            if row["rollout_id"] not in self.done:
+                self.values[row["rollout_id"]] = row
 
     def pop_complete(self) -> list[tuple[list[dict], list[dict] | None]]:
         """Complete groups in arrival order, each with its values rows (None without a critic)."""
@@ -51,6 +58,7 @@ class GroupJoin:
             if self.needs_values and not all(r["rollout_id"] in self.values for r in rollouts):
                 continue
             values = [self.values.pop(r["rollout_id"]) for r in rollouts] if self.needs_values else None
+            self.done.update(r["rollout_id"] for r in rollouts)
             complete.append((self.groups.pop(group_id), values))
         self.waiting_rollouts = sum(map(len, self.groups.values()))
         return complete
@@ -222,6 +230,37 @@ def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = Non
     return out
 
 
+def _tagged(segments) -> list[dict]:
+    """Rows of polled segments, each tagged with the (shard, seq) it came from (see `held_positions`)."""
+    rows = []
+    for segment in segments:
+        for row in to_rows(segment.table):
+            row["_from"] = (segment.shard, segment.seq)
+            rows.append(row)
+    return rows
+
+
+def held_positions(rows) -> dict[str, int]:
+    """{shard: oldest seq} of rows still held in memory: the cursor is committed no further, so a restarted
+    orchestrator re-reads every group it had not finished instead of losing it."""
+    held: dict[str, int] = {}
+    for row in rows:
+        shard, seq = row["_from"]
+        held[shard] = min(seq, held.get(shard, seq))
+    return held
+
+
+def already_used(ctx: RoleContext, needs_values: bool) -> tuple[set[str], set[str]]:
+    """(rollout ids in published batches, group ids whose targets were published): what a restarted
+    orchestrator must not batch or send to the value trainer again."""
+    from prime_values.log import LogReader
+
+    def ids(stream: str, column: str) -> set[str]:
+        reader = LogReader(ctx.run.stream(stream), f"orchestrator.restart.{stream}", ctx.run.cursors, stream)
+        return {x for segment in reader.poll() for x in segment.table.column(column).to_pylist()}  # never commits
+    return ids("batches", "rollout_id"), (ids("targets", "group_id") if needs_values else set())
+
+
 def main(run_dir: str) -> None:
     ctx = RoleContext(run_dir, "orchestrator")
     cfg = ctx.cfg
@@ -231,7 +270,11 @@ def main(run_dir: str) -> None:
         if needs_values else None
     batches = ctx.writer("batches", "main")
     targets = ctx.writer("targets", "main") if needs_values else None
-    join = GroupJoin(cfg.inference.group_size, needs_values)
+    batched, targeted = already_used(ctx, needs_values)
+    if batched or targeted:
+        ctx.log.info("resuming: %d rollouts already batched, targets of %d groups already published",
+                     len(batched), len(targeted))
+    join = GroupJoin(cfg.inference.group_size, needs_values, done=set(batched))
     gate = WarmupGate(cfg, ctx.run) if needs_values else None
     provenance = CriticProvenance(ctx.run.weights("critic")) if needs_values else None
     recent: deque[dict] = deque(maxlen=cfg.inference.prompts_per_step)  # the critic's latest scored groups
@@ -242,9 +285,9 @@ def main(run_dir: str) -> None:
 
     while not ctx.stopping():
         new = rollouts.poll()
-        join.add_rollouts([row for s in new for row in to_rows(s.table)])
+        join.add_rollouts(_tagged(new))
         new_values = values.poll() if values else []
-        join.add_values([row for s in new_values for row in to_rows(s.table)])
+        join.add_values(_tagged(new_values))
         complete = join.pop_complete()
         scored_rows = []
         for group_rollouts, group_values in complete:
@@ -260,7 +303,7 @@ def main(run_dir: str) -> None:
                 if gate.is_open:
                     ctx.log.info("critic warm-up done: %s", gate.reason)
                     ctx.metrics.log(warmup_done=True, warmup_rollouts=gate.scored)
-            if group_values is not None:
+            if group_values is not None and group_rollouts[0]["group_id"] not in targeted:
                 scored_rows += target_rows(group_rollouts, group_values, scored)
         if scored_rows:
             targets.append(scored_rows)
@@ -279,8 +322,9 @@ def main(run_dir: str) -> None:
                             ready_groups=len(ready))
             step += 1
         if new or new_values:
-            rollouts.commit()
+            held = [r for g in join.groups.values() for r in g] + [r for g in ready for r in g["rollouts"]]
+            rollouts.commit(hold=held_positions(held))
             if values:
-                values.commit()
+                values.commit(hold=held_positions([*join.values.values(), *(v for g in ready for v in g["values"])]))
         else:
             ctx.wait()

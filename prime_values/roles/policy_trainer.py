@@ -77,7 +77,7 @@ def next_rows(reader: LogReader, ctx: RoleContext, step: int) -> list[dict] | No
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import load_policy, save_model
+    from prime_values.models import load_optimizer_state, load_policy, save_model, save_optimizer_state
     from prime_values.roles.evaluation import heldout_accuracy
     from prime_values.tasks import make_task
 
@@ -88,6 +88,15 @@ def main(run_dir: str) -> None:
     model = load_policy(version_dir(policy_root, start)).to(ctx.device).train()
     tokenizer = AutoTokenizer.from_pretrained(version_dir(policy_root, 0))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
+    if start > 0:
+        ctx.log.info("resuming after version %d: %s", start,
+                     load_optimizer_state(optimizer, version_dir(policy_root, start)))
+    every = cfg.log.optimizer_state_every
+
+    def save(path) -> None:
+        save_model(model, tokenizer, path)
+        if every and step % every == 0:
+            save_optimizer_state(optimizer, path)
     task = make_task(**cfg.task)
     heldout = task.heldout()
     reader = ctx.reader("batches", "policy_trainer")
@@ -107,7 +116,7 @@ def main(run_dir: str) -> None:
             return
         began = time.time()
         stats = train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, ctx.device)
-        publish(policy_root, step, lambda path: save_model(model, tokenizer, path))
+        publish(policy_root, step, save)
         reader.commit()
         prune(policy_root, keep=cfg.log.keep_weights)
         versions = [r["policy_version"] for r in rows]

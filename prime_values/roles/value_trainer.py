@@ -55,7 +55,7 @@ def restore_replay(ctx: RoleContext, buffer: ReplayBuffer, critic_dir, reader: L
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import load_critic, save_model
+    from prime_values.models import load_critic, load_optimizer_state, save_model, save_optimizer_state
     from prime_values.roles.evaluator import Scorer
 
     ctx = RoleContext(run_dir, "value_trainer", "value_trainer_device")
@@ -65,6 +65,9 @@ def main(run_dir: str) -> None:
     critic = load_critic(version_dir(critic_root, version)).to(ctx.device).train()
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
     optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
+    if version > 0:
+        ctx.log.info("resuming after critic version %d: %s", version,
+                     load_optimizer_state(optimizer, version_dir(critic_root, version)))
     queue = IngestQueue(cfg.replay.queue_size)
     rcfg = cfg.replay
     buffer = ReplayBuffer(rcfg.capacity, rcfg.max_reuse, rcfg.sampling, seed=ctx.seed(), max_age=rcfg.max_age,
@@ -77,6 +80,8 @@ def main(run_dir: str) -> None:
         (path / REPLAY_SNAPSHOT).write_bytes(dump_snapshot(buffer.snapshot()))
         # the newest policy version this critic has trained on: the orchestrator's value-staleness metric
         (path / TRAINED_ON).write_text(json.dumps({"newest_policy_version": buffer.newest_policy_version}))
+        if cfg.log.optimizer_state_every and version % cfg.log.optimizer_state_every == 0:
+            save_optimizer_state(optimizer, path)
     stop = threading.Event()
     threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
     scorer = Scorer(ctx, tokenizer) if cfg.topology.evaluator == "colocated" else None

@@ -115,6 +115,7 @@ def main(run_dir: str) -> None:
     policy_root, critic_root = ctx.run.weights("policy"), ctx.run.weights("critic")
     if latest_version(policy_root) is not None and latest_version(critic_root) is not None:
         ctx.log.info("policy and critic already published in %s; nothing to do", ctx.run.root)
+        ctx.mark_done()
         return
     torch.set_num_threads(os.cpu_count() or 1)  # alone on the machine while it runs
     task = make_task(**cfg.task)
@@ -146,3 +147,4 @@ def main(run_dir: str) -> None:
         pretrain_critic(ctx, critic, tokenizer, rows)
         ctx.metrics.log(critic_pretrain_s=time.time() - began)
     publish(critic_root, 0, lambda path: save_model(critic, tokenizer, path))
+    ctx.mark_done()

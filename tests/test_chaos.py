@@ -1,0 +1,21 @@
+"""Chaos, quick version: SIGKILL each role in turn during a real run; the conductor restarts them, every role
+resumes from the run directory, and the run ends with every invariant of `prime_values.check` intact.
+The long version is `python -m prime_values.chaos --kills 20 ...` (docs/reliability.md)."""
+
+from __future__ import annotations
+
+from prime_values.chaos import ROLES, chaos
+from test_pipeline import SMALL, processes_mentioning
+
+
+def test_killing_every_role_loses_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [o for o in SMALL if not o.startswith("steps=")] + ["steps=24", "eval_every=12"]
+    report = chaos(run_dir, overrides, kills=len(ROLES), min_gap_s=2.0, max_gap_s=4.0, seed=1, timeout_s=600)
+    assert report["run_returncode"] == 0, report["run_output_tail"]
+    assert report["check_returncode"] == 0, report["check_output"]
+    assert report["kills"] >= 3, report["killed"]
+    assert report["policy_steps"] == 24
+    for kill in report["killed"]:
+        assert report["restarts_per_role"][kill["role"]] >= 1, report  # the conductor noticed and restarted it
+    assert not processes_mentioning(str(run_dir)), "a role process outlived the run"
