@@ -27,16 +27,32 @@ def version_dir(root: Path, v: int) -> Path:
     return Path(root) / str(v)
 
 
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(path: Path, text: str, message: str) -> None:
+    if (str(path), text) not in _warned:
+        _warned.add((str(path), text))
+        log.warning(message)
+
+
 def latest_version(root: Path) -> int | None:
-    """Version LATEST points to; None before the first publication."""
+    """Version LATEST points to; None before the first publication.
+
+    A damaged LATEST (not a number, or naming a version directory that does not exist) is never trusted: the
+    newest complete version directory stands in for it, with one warning; the next publish rewrites it."""
     path = Path(root) / "LATEST"
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
         return None
-    if not text.isdigit():
-        raise ValueError(f"{path} holds {text!r}, not a version number; rewrite it with the newest complete version")
-    return int(text)
+    if text.isdigit() and version_dir(root, int(text)).is_dir():
+        return int(text)
+    have = versions(root)
+    fallback = have[-1] if have else None
+    _warn_once(path, text, f"{path} holds {text!r}, which names no version directory; using the newest complete "
+                           f"version {fallback} instead (the next publication rewrites LATEST)")
+    return fallback
 
 
 def versions(root: Path) -> list[int]:
@@ -138,18 +154,25 @@ class Adopter(Generic[T]):
         self.root, self.load = Path(root), load
         self.version: int | None = None
         self.value: T | None = None
+        self.skipped: set[int] = set()  # versions that exist but do not load (missing or damaged files)
 
     def poll(self) -> bool:
-        """Adopt LATEST if it is newer than the held version; True when a new version was adopted."""
+        """Adopt LATEST if it is newer than the held version; True when a new version was adopted.
+
+        A version that exists but does not load is skipped for good, with one warning (`skipped` counts them):
+        the holder keeps its current weights and adopts the next good version."""
         while True:
             v = latest_version(self.root)
-            if v is None or (self.version is not None and v <= self.version):
+            if v is None or (self.version is not None and v <= self.version) or v in self.skipped:
                 return False
             try:
                 value = self.load(version_dir(self.root, v))
-            except Exception:
+            except Exception as error:
                 if version_dir(self.root, v).exists() or latest_version(self.root) == v:
-                    raise  # a real load failure, not a version pruned under our feet
+                    self.skipped.add(v)
+                    log.warning("skipping version %d in %s: it does not load (%s: %s); keeping version %s",
+                                v, self.root, type(error).__name__, error, self.version)
+                    return False
                 log.info("version %d in %s was pruned while loading; retrying with the new LATEST", v, self.root)
                 continue
             self.version, self.value = v, value
@@ -166,3 +189,24 @@ class Adopter(Generic[T]):
                                    f"(is the publishing role running?)")
             time.sleep(interval_s)
         return True
+
+
+def resume(root: Path, load: Callable[[Path], T]) -> tuple[int | None, T | None]:
+    """For a trainer (re)starting: the newest version that loads, and its loaded value. A newer version that
+    does not load (its files missing or damaged) is moved aside to `<root>/.damaged-<v>-<time>` with one warning
+    and LATEST is pointed back, so the trainer redoes that version instead of crashing on every restart. No
+    consumer can hold such a version: it never loaded."""
+    root = Path(root)
+    while (v := latest_version(root)) is not None:
+        try:
+            return v, load(version_dir(root, v))
+        except Exception as error:
+            older = [x for x in versions(root) if x < v]
+            if not older:
+                raise  # nothing to fall back to: the warm start's version 0 itself is broken
+            aside = root / f".damaged-{v}-{int(time.time())}"
+            os.rename(version_dir(root, v), aside)
+            write_atomic(root / "LATEST", f"{older[-1]}\n".encode())
+            log.warning("version %d in %s does not load (%s: %s); moved it to %s and resuming from version %d",
+                        v, root, type(error).__name__, error, aside, older[-1])
+    return None, None

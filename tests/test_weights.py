@@ -115,12 +115,44 @@ def test_adopter_survives_a_version_pruned_while_loading(tmp_path):
     adopter = Adopter(tmp_path, racing_load)
     assert adopter.poll() and (adopter.version, adopter.value) == (2, "two")
 
-    def broken(d):
-        raise ValueError("bad config")
 
+
+def test_adopter_skips_a_version_that_does_not_load(tmp_path, caplog):
+    publish(tmp_path, 1, save_text("one"))
+    adopter = Adopter(tmp_path, load_text)
+    assert adopter.poll() and adopter.value == "one"
+    publish(tmp_path, 2, save_text("two"))
+    (tmp_path / "2" / "weights.txt").unlink()  # a weights directory without its files
+    assert adopter.poll() is False and (adopter.version, adopter.value) == (1, "one")  # keeps what it has
+    assert adopter.skipped == {2} and "skipping version 2" in caplog.text
+    assert adopter.poll() is False and caplog.text.count("skipping version 2") == 1  # one line, not one per poll
     publish(tmp_path, 3, save_text("three"))
-    with pytest.raises(ValueError, match="bad config"):  # a real load failure is not swallowed
-        Adopter(tmp_path, broken).poll()
+    assert adopter.poll() and (adopter.version, adopter.value) == (3, "three")
+
+
+@pytest.mark.parametrize("latest", ["7\n", "garbage", ""])
+def test_a_damaged_latest_falls_back_to_the_newest_complete_version(tmp_path, latest, caplog):
+    publish(tmp_path, 1, save_text("one"))
+    publish(tmp_path, 2, save_text("two"))
+    (tmp_path / "LATEST").write_text(latest)  # points nowhere / not a number
+    assert latest_version(tmp_path) == 2 and "names no version directory" in caplog.text
+    assert Adopter(tmp_path, load_text).poll()
+    publish(tmp_path, 3, save_text("three"))  # publishing goes on and repairs LATEST
+    assert (tmp_path / "LATEST").read_text().strip() == "3"
+
+
+def test_resume_moves_a_damaged_newest_version_aside(tmp_path):
+    from prime_values.weights import resume
+
+    publish(tmp_path, 0, save_text("zero"))
+    publish(tmp_path, 1, save_text("one"))
+    publish(tmp_path, 2, save_text("two"))
+    (tmp_path / "2" / "weights.txt").unlink()
+    assert resume(tmp_path, load_text) == (1, "one")
+    assert latest_version(tmp_path) == 1 and versions(tmp_path) == [0, 1]
+    assert len(list(tmp_path.glob(".damaged-2-*"))) == 1  # kept for inspection, invisible as a version
+    publish(tmp_path, 2, save_text("two again"))  # the trainer redoes version 2
+    assert resume(tmp_path, load_text) == (2, "two again")
 
 
 def test_adopter_wait(tmp_path):
