@@ -109,17 +109,19 @@ def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "STOP").unlink(missing_ok=True)
     write_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg))
-    run.mkdirs()
+    for path in (run.jobs, run.root / "metrics"):  # not run.mkdirs(): a stage alone leaves no empty log/, weights/
+        path.mkdir(parents=True, exist_ok=True)
     run.register_conductor(watch=cfg.launcher.name == "local")
     job = make_executor(cfg.launcher, run.jobs, name, device).submit(function, str(run.root))
-    tail, started, last_print = MetricsTail(run.metrics(name)), time.time(), 0.0
+    tail, started, last_print, shown = MetricsTail(run.metrics(name)), time.time(), 0.0, {}
     tail.read()  # only this attempt's lines
+    tail.last = {}
     try:
         while not job.done():
             tail.read()
             if time.time() - last_print >= 10:
                 print(_progress_line(name, tail.last, started), flush=True)
-                last_print = time.time()
+                last_print, shown = time.time(), dict(tail.last)
             time.sleep(cfg.launcher.poll_s)
     except KeyboardInterrupt:
         write_atomic(folder / "STOP", "interrupted\n")
@@ -141,7 +143,7 @@ def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
         lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
         raise StageFailed(f"stage {name} failed: {lines[-1] if lines else error} (full log: {job.paths.stderr})")
     tail.read()
-    if tail.last:
+    if tail.last and tail.last != shown:
         print(_progress_line(name, tail.last, started), flush=True)
     result = job.result()
     write_atomic(run.state(name) / "done", json.dumps({"stage": name}))  # `prime_values.status` shows COMPLETED

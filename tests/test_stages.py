@@ -1,0 +1,222 @@
+"""The pipeline of stages (prime_values.stages): pass@k against hand-worked numbers, one-line stage errors before any
+job starts, and the math recipe end to end with a tiny model on the CPU: sft -> rl -> eval, a rerun that skips
+every finished stage, a stage redone when its settings change, `stage=eval` alone under a Hydra multirun, and
+SFT on an earlier run's rollouts."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prime_values.stages.evaluate import pass_at_k, summarise
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO / "tests" / "data" / "math_tiny.jsonl"
+
+# +experiment=math shrunk to seconds: the tiny model, the local 23-row file, 2 RL steps, 4 held-out prompts
+MATH_SMALL = [
+    "+experiment=math", "policy=tiny", f"task.data={DATA}", "task.heldout_data=null", "task.heldout_size=4",
+    "task.verifier_workers=1", "steps=2", "eval_every=2",
+    "sft.steps=3", "sft.batch_size=4", "sft.lr=1e-3", "sft.max_length=2048",
+    "inference.prompts_per_step=2", "inference.group_size=2", "inference.max_new_tokens=8",
+    "replay.min_rollouts=4", "replay.capacity=64", "critic.batch_rollouts=4", "critic.publish_every=1",
+    "critic.max_length=1024", "critic.score_batch_rollouts=16", "critic.warm_start.steps=2",
+    "critic.warm_start.rollouts=8", "eval.samples=2", "eval.k=[1,2]",
+    "policy.arch.hidden_size=64", "policy.arch.num_heads=2", "policy.arch.num_kv_heads=1",
+    "policy.arch.intermediate_size=128", "policy.arch.max_position_embeddings=2048",
+    "launcher.poll_s=0.2", "launcher.stop_grace_s=20",
+]
+
+
+def cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, "-m", "prime_values", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------- pass@k
+def test_pass_at_k_hand_worked():
+    # n = 5 samples, c = 2 correct: 1 - C(3, k) / C(5, k)
+    assert pass_at_k(5, 2, 1) == pytest.approx(1 - 3 / 5)      # 0.4 = c / n
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)     # 0.7
+    assert pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)     # 0.9: only {the 3 wrong} misses
+    assert pass_at_k(5, 2, 4) == 1.0                           # 4 > n - c = 3 wrong ones: always a hit
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)      # 0.5
+    assert pass_at_k(8, 0, 8) == 0.0 and pass_at_k(8, 8, 1) == 1.0
+    for bad in [(4, 5, 1), (4, 1, 5), (4, 1, 0), (4, -1, 1)]:
+        with pytest.raises(ValueError):
+            pass_at_k(*bad)
+
+
+def test_pass_at_k_is_the_fraction_of_k_subsets_with_a_correct_sample():
+    for n, c in [(6, 2), (7, 3), (5, 1)]:
+        samples = [1] * c + [0] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(samples, k))
+            assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+
+
+def test_avg_and_pass_are_averaged_over_prompts():
+    # two prompts, n = 4: c = 1 -> avg 0.25, pass@2 = 1 - C(3,2)/C(4,2) = 0.5;  c = 4 -> 1 and 1
+    got = summarise([1, 4], 4, [1, 2])
+    assert got == pytest.approx({"avg@4": 0.625, "pass@1": 0.625, "pass@2": 0.75})
+    assert list(got) == ["avg@4", "pass@1", "pass@2"]
+
+
+# ---------------------------------------------------------------------------------------------- sft examples
+def test_sft_rows_become_prompt_response_pairs(tmp_path):
+    pytest.importorskip("math_verify")
+    from prime_values.stages.sft import SFTDataError, rows_to_examples
+    from prime_values.tasks import make_task
+
+    task = make_task("math", data=str(DATA), heldout_size=4, verifier_workers=1, data_cache_dir=str(tmp_path))
+    try:
+        rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+        pairs = rows_to_examples(rows + [{"prompt": "2+2=", "completion": "4"}, {"text": "no columns"}], task, "x")
+        assert ("2+2=", "4") in pairs  # prompt/completion rows are verbatim
+        heldout = {p.prompt for p in task.heldout()}
+        math_pairs = [p for p in pairs if p != ("2+2=", "4")]
+        assert len(math_pairs) == len(rows) - 4 and not heldout & {p for p, _ in math_pairs}  # held-out rows left out
+        prompt, response = math_pairs[0]
+        assert prompt.endswith("\\boxed{}.") and "\\boxed{" in response  # the task's template and solution
+        with pytest.raises(SFTDataError, match="sft.data='y': none of its 1 rows"):
+            rows_to_examples([{"text": "no columns"}], task, "y")
+    finally:
+        task.close()
+
+
+# ---------------------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize("overrides, key, fix", [
+    (["stages=[sft,rl,evl]"], "stages[2]='evl'", "sft, rl, eval"),
+    (["stage=evaluate"], "stage='evaluate'", "choose one of sft, rl, eval"),
+    (["stage=eval"], "policy.model", "set policy.model=<a from_pretrained directory"),
+    (["stages=[eval]"], "policy.model", "set policy.model="),
+    (["stages=[sft,rl]"], "sft", "sft.data=task"),
+    (["stage=sft"], "sft", "sft.from_run=<run dir>"),
+    (["stages=[sft,rl]", "sft.from_run=/nonexistent/run"], "sft.from_run", "has no log/rollouts"),
+    (["stages=[sft,rl]", "sft.data=/nonexistent/sft.jsonl"], "sft.data", "not found"),
+    (["stages=[sft,rl]", "sft.data=task", "sft.from_run=/x"], "sft.from_run", "keep one"),
+    (["stages=[rl,eval]", "eval.k=[1,16]"], "eval.k", "eval.samples=8"),
+    (["stages=[rl,rl]"], "stages", "list each stage once"),
+    (["eval.samples=0"], "eval.samples", ">= 1"),
+    (["sft.target_accuracy=2"], "sft.target_accuracy", "[0, 1]"),
+])
+def test_stage_errors_are_one_line(overrides, key, fix):
+    from prime_values.__main__ import precheck
+
+    problem = precheck(["+experiment=arith", *overrides])
+    assert problem is not None and "\n" not in problem, problem
+    assert key in problem and fix in problem, problem
+
+
+def test_stage_error_exits_2_before_any_job(tmp_path):
+    result = cli("+experiment=arith", "stage=eval", f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prime_values: config error: stage=eval"), result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_math_experiment_composes_the_recipe():
+    result = cli("+experiment=math", "--cfg", "job", timeout=120)
+    assert result.returncode == 2  # offline, the hub dataset is not there: one line naming task.data
+    assert "task.data='openai/gsm8k'" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    from hydra import compose, initialize_config_dir
+
+    from prime_values.__main__ import CONF_DIR
+    from prime_values.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["+experiment=math"])
+    assert list(cfg.stages) == ["sft", "rl", "eval"] and cfg.policy.model == "Qwen/Qwen3-0.6B-Base"
+    assert cfg.topology.evaluator == "dedicated" and cfg.task.name == "math" and cfg.sft.data == "task"
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+@pytest.fixture(scope="module")
+def math_run(tmp_path_factory):
+    pytest.importorskip("math_verify")
+    run_dir = tmp_path_factory.mktemp("math") / "run"
+    result = cli(*MATH_SMALL, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return run_dir, result
+
+
+def test_math_pipeline_runs_sft_rl_eval(math_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir, result = math_run
+    stages = run_dir / "stages"
+    sft = json.loads((stages / "sft" / "done.json").read_text())
+    model_dir = stages / "sft" / "model"
+    assert sft["model"] == str(model_dir) and sft["figures"]["steps"] == 3
+    assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
+    AutoModelForCausalLM.from_pretrained(model_dir)
+    AutoTokenizer.from_pretrained(model_dir)
+    # rl started from the sft model: its policy v0 is that model, and its embedded SFT was off
+    rl_config = (run_dir / "config.yaml").read_text()
+    assert f"model: {model_dir}" in rl_config and "stage rl: starts from" in result.stdout
+    rl = json.loads((stages / "rl" / "done.json").read_text())
+    assert rl["model"] == str(run_dir / "weights" / "policy" / "2") and rl["figures"]["policy_steps"] == 2
+    assert json.loads((run_dir / "report" / "summary.json").read_text())["status"] == "finished"
+    # eval evaluated RL's final policy
+    results = json.loads((stages / "eval" / "results.json").read_text())
+    assert results["model"] == rl["model"] and results["prompts"] == 4 and results["samples"] == 2
+    assert set(results["metrics"]) == {"avg@2", "pass@1", "pass@2"}
+    assert all(0 <= c <= 2 for c in (p["correct"] for p in results["per_prompt"]))
+    assert results["metrics"]["pass@1"] == pytest.approx(results["metrics"]["avg@2"])
+    assert (stages / "eval" / "done.json").is_file()
+    assert "pass@2" in result.stdout and "stages: sft done; rl done; eval done" in result.stdout
+
+
+def test_rerun_skips_finished_stages_and_redoes_a_changed_one(math_run):
+    run_dir, _ = math_run
+    submitted = sorted(p.name for p in run_dir.glob("jobs/*/*_submitted.pkl"))
+    again = cli(*MATH_SMALL, f"hydra.run.dir={run_dir}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    for name in ("sft", "rl", "eval"):
+        assert f"stage {name}: done (" in again.stdout and again.stdout.count("), skipped") == 3, again.stdout
+    assert sorted(p.name for p in run_dir.glob("jobs/*/*_submitted.pkl")) == submitted, "a finished stage ran again"
+    changed = cli(*MATH_SMALL, "eval.samples=1", "eval.k=[1]", f"hydra.run.dir={run_dir}")
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    assert "stage sft: done (" in changed.stdout and "stage rl: done (" in changed.stdout
+    assert "stage eval: done earlier with other settings (eval.k, eval.samples), redoing" in changed.stdout
+    assert json.loads((run_dir / "stages" / "eval" / "results.json").read_text())["samples"] == 1
+
+
+def test_stage_eval_alone_in_a_multirun(math_run, tmp_path):
+    run_dir, _ = math_run
+    model = run_dir / "stages" / "sft" / "model"
+    sweep = tmp_path / "sweep"
+    result = cli("-m", *MATH_SMALL, "stage=eval", f"policy.model={model}", "eval.k=[1]", "eval.samples=1,2",
+                 f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    for point, samples in (("0", 1), ("1", 2)):
+        results = json.loads((sweep / point / "stages" / "eval" / "results.json").read_text())
+        assert results["model"] == str(model) and results["samples"] == samples
+        assert not (sweep / point / "stages" / "sft").exists() and not (sweep / point / "weights").exists()
+
+
+def test_sft_from_an_earlier_runs_rollouts(math_run, tmp_path):
+    run_dir, _ = math_run
+    out = tmp_path / "sft_run"
+    result = cli(*MATH_SMALL, "stage=sft", "sft.data=''", f"sft.from_run={run_dir}", "sft.min_reward=0.0",
+                 f"hydra.run.dir={out}")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    done = json.loads((out / "stages" / "sft" / "done.json").read_text())
+    figures = done["figures"]
+    assert figures["rollouts_read"] >= 2 * 2 * 2 and figures["rollouts_kept"] == figures["rollouts_read"]
+    assert 1 <= figures["distinct_examples"] <= figures["rollouts_kept"]
+    assert (out / "stages" / "sft" / "model" / "model.safetensors").is_file()
+    assert not (out / "weights").exists(), "stage=sft ran more than the sft stage"
+    # nothing reaches reward 2: a one-line error from the job, exit 1
+    none = cli(*MATH_SMALL, "stage=sft", "sft.data=''", f"sft.from_run={run_dir}", "sft.min_reward=2",
+               f"hydra.run.dir={tmp_path / 'none'}")
+    assert none.returncode == 1 and "has reward >= sft.min_reward=2.0" in none.stderr, none.stderr[-2000:]
