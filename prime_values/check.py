@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import re
-import struct
 import sys
 import zlib
 from collections import Counter, defaultdict
@@ -51,7 +50,7 @@ import pyarrow.compute as pc
 
 from prime_values.log.records import SCHEMA_VERSION
 from prime_values.log.segments import (CorruptSegment, NewerSchemaVersion, list_seqs, quarantine_dir, read_segment,
-                                       segment_name)
+                                       segment_name, verify_checksum)
 
 STREAMS = ("batches", "targets", "values", "rollouts")  # the order they are read in (see the module doc)
 _ROLLOUT_ID = re.compile(r"^(?P<shard>.+)-(?P<seq>\d{6})-\d{4}$")  # inference's `<shard>-<chunk>-<k>`
@@ -129,11 +128,9 @@ def _old_schema_table(path: Path, kind: str) -> tuple[int, pa.Table] | None:
         version = int(meta.get("pv.schema_version", "-1"))
         if not 1 <= version < SCHEMA_VERSION or meta.get("pv.kind") != kind:
             return None
-        (_, schema_len), (footer_len,) = struct.unpack_from("<Ii", data, 8), \
-            struct.unpack_from("<i", data, len(data) - 10)
-        crc = f"{zlib.crc32(memoryview(data)[16 + schema_len: len(data) - 10 - footer_len]):08x}"
+        verify_checksum(path, data, meta)  # the log's own check (raises CorruptSegment)
         table = reader.read_all()
-        if crc != meta.get("pv.crc32") or str(table.num_rows) != meta.get("pv.rows"):
+        if str(table.num_rows) != meta.get("pv.rows"):
             return None
         return version, table
     except Exception:  # noqa: BLE001

@@ -82,7 +82,7 @@ def test_segment_roundtrip_metadata_and_ecosystem_readability(log):
     assert to_rows(t)[0]["rollout_id"] == "s0-3"
     meta = t.schema.metadata
     assert meta[b"pv.schema_version"] == str(SCHEMA_VERSION).encode() and meta[b"pv.kind"] == b"rollouts"
-    assert len(meta[b"pv.crc32"]) == 8 and b"pv.writer" in meta and float(meta[b"pv.created_at"]) > 1.6e9
+    assert len(meta[b"pv.xxh3_64"]) == 16 and b"pv.writer" in meta and float(meta[b"pv.created_at"]) > 1.6e9
     # readable without Prime Values
     assert ds.dataset(shard, format="arrow").to_table().num_rows == 6
     assert feather.read_table(shard / "000000000000.arrow").column("reward").to_pylist() == [0.0, 1.0, 0.0]
@@ -215,6 +215,61 @@ def test_poll_is_cheap_when_nothing_is_new(log, monkeypatch):
     monkeypatch.setattr(segments, "read_segment", lambda *a: opened.append(a))
     assert reader.poll() == [] and opened == []  # a listing, no file opened
 
+
+
+def test_integrity_check_catches_any_flipped_data_byte_and_any_truncation(log):
+    """Every byte between the schema message and the footer (all batch data and its layout) is hashed: a flip
+    anywhere there, or a cut anywhere in the file, is a CorruptSegment, never a silently different table."""
+    with SegmentWriter(log / "rollouts", "s0", "rollouts") as w:
+        w.append(rows(0, n=2))
+    path = log / "rollouts" / "s0" / "000000000000.arrow"
+    good = path.read_bytes()
+    start, end = segments.data_region(good)
+    assert 16 < start < end < len(good) - 10 and end - start > 500
+    for at in range(start, end):
+        damaged = bytearray(good)
+        damaged[at] ^= 0x10
+        with pytest.raises(CorruptSegment):
+            segments._decode(path, bytes(damaged), "rollouts")
+    for n in range(len(good)):
+        with pytest.raises(CorruptSegment):
+            segments._decode(path, good[:n], "rollouts")
+    assert read_segment(path, "rollouts").num_rows == 2
+
+
+def test_segments_with_the_earlier_crc32_still_verify(log):
+    """Segments written before the hash became xxh3 carry pv.crc32 over the same bytes: read, and checked."""
+    import zlib
+    table = to_table("rollouts", rows(0))
+    meta = {"pv.schema_version": str(SCHEMA_VERSION), "pv.kind": "rollouts", "pv.rows": "3", "pv.writer": "old",
+            "pv.created_at": "1.7e9"}
+
+    def ipc(crc):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema.with_metadata({**meta, "pv.crc32": crc})) as w:
+            w.write_table(table)
+        return sink.getvalue().to_pybytes()
+
+    draft = ipc("00000000")
+    start, end = segments.data_region(draft)
+    data = ipc(f"{zlib.crc32(draft[start:end]):08x}")
+    path = log / "old.arrow"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(data)
+    assert read_segment(path, "rollouts").equals(table)
+    damaged = bytearray(data)
+    damaged[(start + end) // 2] ^= 0x01
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(CorruptSegment, match="checksum mismatch \\(crc32"):
+        read_segment(path, "rollouts")
+
+
+def test_hash_placeholder_in_other_metadata_falls_back_to_a_second_serialization(log):
+    shard = "x" + segments._PENDING.decode()  # the writer identity (metadata) now holds the placeholder too
+    with SegmentWriter(log / "rollouts", shard, "rollouts") as w:
+        w.append(rows(0))
+    t = read_segment(log / "rollouts" / shard / "000000000000.arrow", "rollouts")
+    assert t.num_rows == 3 and segments._PENDING not in t.schema.metadata[segments.HASH_KEY.encode()]
 
 def _flip_in_token_data(path, token):
     data = bytearray(path.read_bytes())
