@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 from dataclasses import MISSING as NO_DEFAULT, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -208,6 +209,12 @@ class TopologyConfig:
     """device of the value trainer (and of the evaluator when colocated)"""
     threads_per_role: int = 1
     """torch CPU threads per role (roles share the machine's cores)"""
+    policy_trainer_procs: int = 1
+    """processes of the policy trainer: > 1 trains with torch.distributed + FSDP2, one process per GPU (GPUs
+    consecutive from policy_trainer_device: cuda:2 with 2 processes uses cuda:2 and cuda:3; on SLURM the job
+    asks for that many GPUs and tasks), or gloo processes sharing the CPU; rank 0 reads batches and publishes"""
+    value_trainer_procs: int = 1
+    """processes of the value trainer, as policy_trainer_procs (> 1 needs evaluator=dedicated)"""
 
 
 @dataclass
@@ -526,7 +533,8 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                 "inference.max_new_tokens", "topology.inference_workers", "topology.threads_per_role",
                 "critic.batch_rollouts", "critic.publish_every", "critic.max_length", "critic.score_batch_rollouts",
                 "replay.queue_size", "replay.capacity", "replay.min_rollouts", "task.digits", "task.operands",
-                "task.heldout_size", "policy.warm_start.batch_size", "policy.warm_start.check_every",
+                "task.heldout_size", "topology.policy_trainer_procs", "topology.value_trainer_procs",
+                "policy.warm_start.batch_size", "policy.warm_start.check_every",
                 "critic.warm_start.rollouts", "launcher.timeout_min", "log.keep_weights", "policy.arch.hidden_size",
                 "policy.arch.num_layers", "policy.arch.num_heads", "policy.arch.num_kv_heads", "policy.arch.head_dim",
                 "policy.arch.intermediate_size", "policy.arch.max_position_embeddings"]
@@ -639,13 +647,29 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                           "are left to right")
     for bad in set(cfg.task.ops) - set("+-*"):
         raise ConfigError(f"task.ops={cfg.task.ops!r} contains {bad!r}; use characters from '+-*'")
+    if cfg.topology.value_trainer_procs > 1 and cfg.topology.evaluator == "colocated":
+        raise ConfigError(f"topology.value_trainer_procs={cfg.topology.value_trainer_procs} needs "
+                          "topology.evaluator=dedicated (a colocated evaluator scores inside one process)")
+    if cuda_count is None and os.environ.get("PRIME_VALUES_CUDA_COUNT", "").isdigit():
+        cuda_count = int(os.environ["PRIME_VALUES_CUDA_COUNT"])  # compose for another machine (e.g. --cfg job)
     if cuda_count is None:
         import torch
 
         cuda_count = torch.cuda.device_count()
+    if cfg.launcher.name == "slurm":
+        cuda_count = 1 << 16  # every SLURM job gets its own GPUs (as many as its processes): any index is job-local
     for role in ("inference", "evaluator", "policy_trainer", "value_trainer"):
         key = f"topology.{role}_device"
         _check_device(key, _get(cfg, key), cuda_count)
+    for role in ("policy_trainer", "value_trainer"):
+        key, device = f"topology.{role}_procs", _get(cfg, f"topology.{role}_device")
+        procs = _get(cfg, key)
+        if procs > 1 and device.startswith("cuda:") and int(device[5:]) + procs > cuda_count:
+            first = int(device[5:])
+            raise ConfigError(f"{key}={procs} needs one GPU per process, cuda:{first}..cuda:{first + procs - 1} from "
+                              f"topology.{role}_device={device}, but this machine has "
+                              f"{f'cuda:0..cuda:{cuda_count - 1}' if cuda_count else 'no CUDA device'}; lower {key} "
+                              f"or start from a lower device")
 
 
 # --- docs from docstrings --------------------------------------------------------------------------

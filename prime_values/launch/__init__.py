@@ -9,8 +9,14 @@ from pathlib import Path
 DEVICE_KEYS = ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device")
 
 
+def role_procs(topology, role: str) -> int:
+    """Processes of a role's job: topology.<role>_procs for the trainers (FSDP2, prime_values.dist), else 1."""
+    return int(topology.get(f"{role}_procs", 1)) if role in ("policy_trainer", "value_trainer") else 1
+
+
 def resolve_devices(topology, cuda_count: int) -> None:
-    """Replace 'auto' devices in place: one GPU per role in a fixed order while GPUs last, else the CPU."""
+    """Replace 'auto' devices in place: one GPU per role in a fixed order while GPUs last, else the CPU (a
+    trainer with N processes takes N consecutive GPUs, or the CPU when fewer than N are left)."""
     next_gpu = 0
     for key in DEVICE_KEYS:
         if topology[key] != "auto":
@@ -18,9 +24,10 @@ def resolve_devices(topology, cuda_count: int) -> None:
         if key == "evaluator_device" and topology.evaluator == "colocated":
             topology[key] = "cpu"  # unused: the evaluator is served inside the value trainer
             continue
-        if next_gpu < cuda_count:
+        need = role_procs(topology, key.removesuffix("_device"))
+        if next_gpu + need <= cuda_count:
             topology[key] = f"cuda:{next_gpu}"
-            next_gpu += 1
+            next_gpu += need
         else:
             topology[key] = "cpu"
 
@@ -33,23 +40,26 @@ def entry(role: str):
     return getattr(importlib.import_module(module), function)
 
 
-def make_executor(launcher, jobs_dir: Path, name: str, device: str):
+def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int = 1):
     """A submitit executor for role `name`: a local subprocess, or an sbatch job (launcher=slurm) that asks for
-    one GPU when the role's device is a GPU."""
+    one GPU when the role's device is a GPU. `tasks` > 1 (a multi-process trainer): that many tasks of one job
+    (one node), each with its own GPU on a GPU device (locally the `tasks` GPUs from `device` on)."""
     import submitit
 
+    gpus = tasks if device.startswith("cuda") else 0
     if launcher.name == "slurm":
         from prime_values.launch.slurm import make_slurm_executor
 
         return make_slurm_executor(
             jobs_dir / name, partition=launcher.partition, account=launcher.account, qos=launcher.qos,
             constraint=launcher.constraint, extra_sbatch=dict(launcher.extra_sbatch), setup=list(launcher.setup),
-            time_min=launcher.timeout_min, job_name=f"pv_{name}", gpus_per_node=1 if device.startswith("cuda") else 0,
+            time_min=launcher.timeout_min, job_name=f"pv_{name}", gpus_per_node=gpus, tasks_per_node=tasks,
             cpus_per_task=launcher.cpus_per_task, mem_gb=launcher.mem_gb)
     executor = submitit.LocalExecutor(folder=jobs_dir / name)
-    params = {"timeout_min": launcher.timeout_min}
+    params = {"timeout_min": launcher.timeout_min, "tasks_per_node": tasks}
     if device.startswith("cuda:"):
-        params.update(gpus_per_node=1, visible_gpus=[int(device.split(":")[1])])
+        first = int(device.split(":")[1])
+        params.update(gpus_per_node=gpus, visible_gpus=list(range(first, first + gpus)))
     executor.update_parameters(**params)
     return executor
 

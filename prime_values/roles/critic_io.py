@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from prime_values import dist
 from prime_values.algo.gae import explained_variance, gae
 from prime_values.algo.losses import value_loss, values_from_head
 from prime_values.algo.privileged import batch_values_to_policy_layout, critic_layout, truncate_for_critic
@@ -97,11 +98,12 @@ def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg, device: str
         clip = {"old_values": old, "clip_range": ccfg.value_clip}
     loss, stats = value_loss(raw, targets, inputs.policy_mask, kind=ccfg.loss, with_stats=True, **clip)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    tokens = inputs.policy_mask.sum().item()  # with several processes (prime_values.dist): this rank's share
+    (loss * dist.loss_scale(tokens)).backward()  # the single-process gradient of the batch's token mean
     if ccfg.max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(critic.parameters(), ccfg.max_grad_norm)
+        dist.clip_grad_norm(critic.parameters(), ccfg.max_grad_norm)
     optimizer.step()
-    return {"value_loss": loss.item(), "value_clip_fraction": stats["clip_fraction"],
+    return dist.token_mean({"value_loss": loss.item(), "value_clip_fraction": stats["clip_fraction"],
             "train_explained_variance": explained_variance(values.detach(), targets, inputs.policy_mask),
             "value_mean": values.detach()[inputs.policy_mask].mean().item(),
-            "target_mean": targets[inputs.policy_mask].mean().item()}
+            "target_mean": targets[inputs.policy_mask].mean().item()}, tokens)

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from prime_values import dist
 from prime_values.algo.losses import ppo_clip_loss, prob_diff_mask_loss, token_logprobs
 from prime_values.log import LogReader, to_rows
 from prime_values.roles.common import RoleContext
@@ -17,14 +18,18 @@ from prime_values.weights import latest_version, prune, publish, version_dir
 
 
 def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str) -> dict:
-    """One optimizer step over the batch (gradient accumulated over micro-batches, token-mean overall)."""
+    """One optimizer step over the batch (gradient accumulated over micro-batches, token-mean overall).
+
+    With several processes (prime_values.dist) every rank holds the whole batch and trains on its strided
+    share of each micro-batch; the loss is scaled so the averaged gradient is the single-process one."""
     pcfg = cfg.policy
     size = pcfg.micro_batch_rollouts or len(rows)
     total_tokens = sum(sum(r["policy_mask"]) for r in rows)
+    world = dist.current().world
     optimizer.zero_grad(set_to_none=True)
     stats_sum: dict[str, float] = {}
     for begin in range(0, len(rows), size):
-        micro = rows[begin: begin + size]
+        micro, real = dist.share(rows[begin: begin + size])
         ids = padded(micro, "token_ids", torch.long, fill=pad_id).to(device)
         attention = attention_mask(micro).to(device)
         mask = padded(micro, "policy_mask", torch.bool).to(device)
@@ -38,12 +43,13 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
         else:
             loss, stats = ppo_clip_loss(logprobs, sampling, advantages, mask, clip_low=pcfg.clip_low,
                                         clip_high=pcfg.clip_high, kl_coef=pcfg.kl_coef)
-        weight = mask.sum().item() / max(total_tokens, 1)  # token-level aggregation across micro-batches
-        (loss * weight).backward()
+        weight = mask.sum().item() / max(total_tokens, 1) * real  # token-level aggregation across micro-batches
+        (loss * (weight * world)).backward()  # x world: FSDP averages the ranks' gradients
         for key, value in {"loss": loss.item(), **stats}.items():
             stats_sum[key] = stats_sum.get(key, 0.0) + value * weight
+    stats_sum = dist.all_reduce_sum(stats_sum)
     if pcfg.max_grad_norm > 0:
-        stats_sum["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), pcfg.max_grad_norm).item()
+        stats_sum["grad_norm"] = dist.clip_grad_norm(model.parameters(), pcfg.max_grad_norm)
     optimizer.step()
     return stats_sum
 
@@ -83,39 +89,47 @@ def main(run_dir: str) -> None:
 
     ctx = RoleContext(run_dir, "policy_trainer", "policy_trainer_device")
     cfg, policy_root = ctx.cfg, ctx.run.weights("policy")
-    start = latest_version(policy_root)
+    group = dist.setup(cfg.topology.policy_trainer_procs, ctx.device, cfg.launcher.timeout_min)
+    device = group.device  # ctx.device, or this rank's GPU
+    start = dist.broadcast(latest_version(policy_root))
     assert start is not None, f"no policy version in {policy_root}: the warm-start job publishes version 0"
-    model = load_policy(version_dir(policy_root, start)).to(ctx.device).train()
+    model = dist.shard(load_policy(version_dir(policy_root, start)).to(device).train())
     tokenizer = AutoTokenizer.from_pretrained(version_dir(policy_root, 0))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
-    if start > 0:
+    if start > 0:  # TODO(dist): sharded optimizer state (dist.optimizer_state / restore_optimizer_state)
         ctx.log.info("resuming after version %d: %s", start,
-                     load_optimizer_state(optimizer, version_dir(policy_root, start)))
+                     load_optimizer_state(optimizer, version_dir(policy_root, start)) if group.world == 1
+                     else "several processes: fresh optimizer")
     every = cfg.log.optimizer_state_every
 
     def save(path) -> None:
-        save_model(model, tokenizer, path)
-        if every and step % every == 0:
+        save_model(full, tokenizer, path)
+        if every and step % every == 0 and group.world == 1:
             save_optimizer_state(optimizer, path)
     task = make_task(**cfg.task)
     heldout = task.heldout()
-    reader = ctx.reader("batches", "policy_trainer")
+    # rank 0 alone reads batches, publishes, logs and evaluates; the other ranks train on what it broadcasts
+    reader = ctx.reader("batches", "policy_trainer") if group.main else None
 
-    def evaluate(step: int) -> None:
-        model.eval()
-        accuracy = heldout_accuracy(model, tokenizer, task, heldout, cfg.inference.max_new_tokens)
+    def evaluate(step: int, full) -> None:  # full: the whole model (rank 0's unsharded copy when sharded)
+        accuracy = heldout_accuracy(full.to(device).eval(), tokenizer, task, heldout, cfg.inference.max_new_tokens)
         model.train()
         ctx.metrics.log(step=step, heldout_accuracy=accuracy)
 
     if start == 0:
-        evaluate(0)  # the accuracy at the first RL step, before any update
+        full = dist.unsharded(model)
+        if group.main:
+            evaluate(0, full)  # the accuracy at the first RL step, before any update
     for step in range(start + 1, cfg.steps + 1):
         waited = time.time()
-        rows = next_rows(reader, ctx, step)
+        rows = dist.broadcast(next_rows(reader, ctx, step) if group.main else None)
         if rows is None:
-            return
+            return dist.teardown()
         began = time.time()
-        stats = train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, ctx.device)
+        stats = train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, device)
+        full = dist.unsharded(model)  # the model itself with one process
+        if not group.main:
+            continue
         publish(policy_root, step, save)
         reader.commit()
         prune(policy_root, keep=cfg.log.keep_weights)
@@ -124,5 +138,7 @@ def main(run_dir: str) -> None:
                         off_policy_max=max((step - 1) - v for v in versions), wait_s=began - waited,
                         train_s=time.time() - began, rollouts=len(rows))
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            evaluate(step)
-    ctx.mark_done(step=cfg.steps)
+            evaluate(step, full)
+    if group.main:
+        ctx.mark_done(step=cfg.steps)
+    dist.teardown()

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from prime_values import dist
 from prime_values.log import LogReader, to_rows
 from prime_values.replay import IngestQueue, ReplayBuffer, dump_snapshot, load_snapshot
 from prime_values.roles.common import RoleContext
@@ -60,52 +61,68 @@ def main(run_dir: str) -> None:
 
     ctx = RoleContext(run_dir, "value_trainer", "value_trainer_device")
     cfg, critic_root = ctx.cfg, ctx.run.weights("critic")
-    version = latest_version(critic_root)
+    group = dist.setup(cfg.topology.value_trainer_procs, ctx.device, cfg.launcher.timeout_min)
+    device = group.device  # ctx.device, or this rank's GPU
+    version = dist.broadcast(latest_version(critic_root))
     assert version is not None, f"no critic version in {critic_root}: the warm-start job publishes version 0"
-    critic = load_critic(version_dir(critic_root, version)).to(ctx.device).train()
+    critic = dist.shard(load_critic(version_dir(critic_root, version)).to(device).train())
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
     optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
-    if version > 0:
+    if version > 0:  # TODO(dist): sharded optimizer state (dist.optimizer_state / restore_optimizer_state)
         ctx.log.info("resuming after critic version %d: %s", version,
-                     load_optimizer_state(optimizer, version_dir(critic_root, version)))
+                     load_optimizer_state(optimizer, version_dir(critic_root, version)) if group.world == 1
+                     else "several processes: fresh optimizer")
     queue = IngestQueue(cfg.replay.queue_size)
     rcfg = cfg.replay
     buffer = ReplayBuffer(rcfg.capacity, rcfg.max_reuse, rcfg.sampling, seed=ctx.seed(), max_age=rcfg.max_age,
                           recent_half_life=rcfg.recent_half_life)
-    reader = ctx.reader("targets", "value_trainer")
-    restore_replay(ctx, buffer, version_dir(critic_root, version), reader)
+    # rank 0 alone ingests, samples replay, publishes and logs; the other ranks train on what it broadcasts
+    reader = ctx.reader("targets", "value_trainer") if group.main else None
+    if group.main:
+        restore_replay(ctx, buffer, version_dir(critic_root, version), reader)
 
     def save(path) -> None:
-        save_model(critic, tokenizer, path)
+        save_model(full, tokenizer, path)
         (path / REPLAY_SNAPSHOT).write_bytes(dump_snapshot(buffer.snapshot()))
         # the newest policy version this critic has trained on: the orchestrator's value-staleness metric
         (path / TRAINED_ON).write_text(json.dumps({"newest_policy_version": buffer.newest_policy_version}))
-        if cfg.log.optimizer_state_every and version % cfg.log.optimizer_state_every == 0:
+        if cfg.log.optimizer_state_every and version % cfg.log.optimizer_state_every == 0 and group.world == 1:
             save_optimizer_state(optimizer, path)
     stop = threading.Event()
-    threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
-    scorer = Scorer(ctx, tokenizer) if cfg.topology.evaluator == "colocated" else None
+    if group.main:
+        threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
+    scorer = Scorer(ctx, tokenizer) if cfg.topology.evaluator == "colocated" else None  # one process only
     steps = 0
     try:
-        while not ctx.stopping():
-            if scorer and scorer.score_pending(critic, version):
-                continue  # scoring has priority: drain the rollouts waiting for values first
-            for row in queue.drain():
-                buffer.add(row)
-            if len(buffer) < cfg.replay.min_rollouts:
-                ctx.wait()
-                continue
+        while True:
+            batch = None  # rank 0 stopping (None ends every rank), or another rank: rank 0's batch comes below
+            if group.main and not ctx.stopping():
+                if scorer and scorer.score_pending(critic, version):
+                    continue  # scoring has priority: drain the rollouts waiting for values first
+                for row in queue.drain():
+                    buffer.add(row)
+                if len(buffer) < cfg.replay.min_rollouts:
+                    ctx.wait()
+                    continue
+                batch = buffer.sample(cfg.critic.batch_rollouts)
+            batch = dist.broadcast(batch)
+            if batch is None:
+                break
             began = time.time()
-            stats = critic_step(critic, optimizer, buffer.sample(cfg.critic.batch_rollouts), tokenizer, cfg,
-                                ctx.device)
+            stats = critic_step(critic, optimizer, dist.share(batch)[0], tokenizer, cfg, device)
             steps += 1
             if steps % cfg.critic.publish_every == 0:
                 version += 1
-                publish(critic_root, version, save)
-                prune(critic_root, keep=cfg.log.keep_weights)
+                full = dist.unsharded(critic)  # the critic itself with one process
+                if group.main:
+                    publish(critic_root, version, save)
+                    prune(critic_root, keep=cfg.log.keep_weights)
+            if not group.main:
+                continue
             ctx.metrics.log(critic_step=steps, critic_version=version, **stats, step_s=time.time() - began,
                             ingest_dropped=queue.dropped, **{f"replay_{k}": v for k, v in buffer.stats().items()})
             if cfg.critic.throttle_s:
                 time.sleep(cfg.critic.throttle_s)
     finally:
         stop.set()
+    dist.teardown()

@@ -1,0 +1,250 @@
+"""Multi-process training for the policy and value trainers: torch.distributed + FSDP2 (`fully_shard`).
+
+A trainer with `topology.<role>_procs = N > 1` runs as N processes of one job: locally N tasks of one submitit
+local job, on SLURM N tasks per node of one sbatch job (submitit's `tasks_per_node` in both cases). Each task
+reads its rank from the torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) when they are set,
+else from submitit (`submitit.helpers.TorchDistributedEnvironment`). Backend: nccl on CUDA, gloo on the CPU.
+
+Data: rank 0 alone touches the run directory (reads batches / samples replay, writes metrics, publishes
+weights). It broadcasts each whole batch to every rank (`broadcast`, over a gloo side group whose timeout is
+the job's lifetime, so ranks may wait for the next batch as long as rank 0 does); every rank then trains on
+its strided share of each micro-batch (`share`). The loss of a share is scaled so the gradient equals the
+single-process one: with FSDP averaging gradients over ranks, a rank's token-mean loss over n_r tokens is
+multiplied by n_r × world / N (N = the batch's tokens over all ranks; `loss_scale`). Publishing gathers the
+full state dict onto rank 0's CPU (`unsharded`), which saves it with the usual `save_pretrained`.
+
+With one process (the default) every helper is a no-op and the trainers run exactly as before.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Group:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: str = "cpu"
+    control: object = None  # gloo process group for objects and counts (None with one process)
+    real: bool = True  # False while this rank runs a stand-in share (see `share`): its tokens count 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+_group = Group()
+
+
+def current() -> Group:
+    """This process's group (rank 0 of 1 unless `setup` started a distributed one)."""
+    return _group
+
+
+def rank_device(device: str, local_rank: int) -> str:
+    """The device of local rank `local_rank` of a trainer whose topology device is `device`: with CUDA, the
+    job's GPUs are consecutive from `device` (the executor made exactly those visible, so they are cuda:0..)."""
+    if not device.startswith("cuda"):
+        return "cpu"
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if len(visible) == 1:
+        return "cuda:0"  # one GPU per task (a cluster that binds GPUs to tasks)
+    if visible:
+        return f"cuda:{local_rank}"
+    base = int(device.split(":")[1]) if ":" in device else 0
+    return f"cuda:{base + local_rank}"
+
+
+def _env_ranks() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun variables, else from submitit's job environment."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    from submitit.helpers import TorchDistributedEnvironment
+
+    env = TorchDistributedEnvironment()
+    if "SUBMITIT_LOCAL_JOB_ID" in os.environ:
+        env.master_addr = "127.0.0.1"  # one machine: no need to resolve the host name
+    env.export(set_cuda_visible_devices=False, overwrite=True)  # the executor already chose the visible GPUs
+    return env.rank, env.world_size, env.local_rank
+
+
+def setup(procs: int, device: str, timeout_min: float = 120) -> Group:
+    """Join the trainer's process group (no-op for procs == 1); returns the group with this rank's device.
+
+    `timeout_min` bounds how long a rank waits in `broadcast` for rank 0 (e.g. for the next batch)."""
+    global _group
+    if procs <= 1:
+        _group = Group(device=device)
+        return _group
+    import torch.distributed as dist
+
+    rank, world, local_rank = _env_ranks()
+    if world != procs:
+        raise RuntimeError(f"this trainer was configured for {procs} processes but its job has {world} tasks; "
+                           f"start it with tasks_per_node={procs} (the conductor does)")
+    dev = rank_device(device, local_rank)
+    backend = "nccl" if dev.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(minutes=30), **({"device_id": torch.device(dev)}
+                                                                       if backend == "nccl" else {}))
+    control = dist.new_group(backend="gloo", timeout=datetime.timedelta(minutes=max(timeout_min, 30)))
+    _group = Group(rank, world, local_rank, dev, control)
+    return _group
+
+
+def teardown() -> None:
+    global _group
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _group = Group(device=_group.device)
+
+
+def shard(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2: every transformer block its own unit, then the root (embeddings, final norm, head; tied weights
+    stay in one unit). A no-op with one process. Build the optimizer after this."""
+    g = current()
+    if g.world == 1:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cuda" if g.device.startswith("cuda") else "cpu", (g.world,))
+    for block in model.model.layers:  # every transformers decoder-only model (and its token classifier)
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def broadcast(obj):
+    """Rank 0's `obj` on every rank (any picklable object; other ranks pass anything, e.g. None)."""
+    g = current()
+    if g.world == 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj if g.main else None]
+    dist.broadcast_object_list(box, src=0, group=g.control)
+    return box[0]
+
+
+def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
+    """Sum of each value over ranks (the keys must be the same on every rank)."""
+    g = current()
+    if g.world == 1 or not values:
+        return values
+    import torch.distributed as dist
+
+    keys = sorted(values)
+    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(tensor, group=g.control)
+    return dict(zip(keys, tensor.tolist()))
+
+
+def share(rows: list) -> tuple[list, bool]:
+    """This rank's strided share of `rows`, and whether it is real: a rank left without rows (fewer rows than
+    ranks) gets the first row to run with weight 0, since FSDP needs every rank in every forward/backward."""
+    g = current()
+    mine = rows[g.rank::g.world]
+    g.real = bool(mine)
+    return (mine, True) if mine else (rows[:1], False)
+
+
+def loss_scale(local_tokens) -> float:
+    """Factor for a rank's token-mean loss over `local_tokens` tokens so that the FSDP-averaged gradient equals
+    the single-process gradient of the token mean over every rank's tokens: n_r × world / N. 1 with one process."""
+    g = current()
+    if g.world == 1:
+        return 1.0
+    local = float(local_tokens) * g.real
+    total = all_reduce_sum({"tokens": local})["tokens"]
+    return local * g.world / max(total, 1.0)
+
+
+def token_mean(stats: dict[str, float], local_tokens) -> dict[str, float]:
+    """Per-rank token-mean statistics combined into the token mean over all ranks (unchanged with one process)."""
+    if current().world == 1:
+        return stats
+    local = float(local_tokens) * current().real
+    summed = all_reduce_sum({**{k: v * local for k, v in stats.items()}, "__tokens": local})
+    total = max(summed.pop("__tokens"), 1.0)
+    return {k: v / total for k, v in summed.items()}
+
+
+def clip_grad_norm(parameters, max_norm: float) -> float:
+    """`clip_grad_norm_` that also returns a plain float for sharded (DTensor) gradients."""
+    norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return norm.item()
+
+
+def full_state_dict(model: torch.nn.Module) -> dict | None:
+    """The full (unsharded) state dict on rank 0's CPU, None on other ranks. Every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state if current().main else None
+
+
+def unsharded(model: torch.nn.Module):
+    """A plain transformers copy of a sharded model on rank 0's CPU (None on other ranks), for
+    `save_pretrained` and evaluation; the model itself with one process. Every rank must call it."""
+    if current().world == 1:
+        return model
+    state = full_state_dict(model)
+    if state is None:
+        return None
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    auto = AutoModelForTokenClassification if model.config.architectures and any(
+        "TokenClassification" in a for a in model.config.architectures) else AutoModelForCausalLM
+    if "score.weight" in state:
+        auto = AutoModelForTokenClassification
+    with torch.device("meta"):
+        plain = auto.from_config(model.config, dtype=torch.float32,
+                                 attn_implementation=model.config._attn_implementation)
+    plain.load_state_dict(state, strict=False, assign=True)
+    buffers = dict(model.named_buffers())  # FSDP shards parameters only: buffers (rotary tables) are whole
+    for name, buffer in list(plain.named_buffers()):
+        if buffer.is_meta:
+            owner, _, leaf = name.rpartition(".")
+            plain.get_submodule(owner).register_buffer(leaf, buffers[name].detach().cpu().clone(), persistent=False)
+    if getattr(plain.config, "tie_word_embeddings", False) and hasattr(plain, "lm_head"):
+        plain.lm_head.weight = plain.get_input_embeddings().weight
+    missing = [name for name, p in plain.named_parameters() if p.is_meta]
+    assert not missing, f"parameters missing from the gathered state dict: {missing[:5]}"
+    if getattr(model, "generation_config", None) is not None:  # causal LMs only
+        plain.generation_config = model.generation_config
+    return plain.eval()
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
+    """The optimizer state to save: `optimizer.state_dict()` with one process; with several, the full state
+    (keyed by parameter name) gathered onto rank 0's CPU, None on other ranks. Every rank must call it."""
+    if current().world == 1:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer,
+                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state if current().main else None
+
+
+def restore_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load what `optimizer_state` returned (every rank passes the same full state when sharded)."""
+    if current().world == 1:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))

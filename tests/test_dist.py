@@ -1,0 +1,218 @@
+"""Multi-process trainers (prime_values.dist): FSDP2 over gloo on the CPU gives the single-process gradients,
+the published full state dict loads with from_pretrained, a pipeline run with a 2-process policy trainer works,
+and impossible process counts fail before launch."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from prime_values.config import Config, ConfigError, validate
+
+REPO = Path(__file__).resolve().parents[1]
+ARCH = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+STEPS = 3
+
+
+def make_rows(tokenizer, n: int = 7) -> list[dict]:
+    """A fixed policy batch of n rollouts of different lengths (prompt tokens unmasked)."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = len(tokenizer)
+    rows = []
+    for i in range(n):
+        prompt, response = 3 + i % 3, 3 + (2 * i) % 5
+        length = prompt + response
+        rows.append({
+            "token_ids": torch.randint(4, vocab, (length,), generator=gen).tolist(),
+            "policy_mask": [0] * prompt + [1] * response,
+            "sampling_logprobs": (-4.6 + 0.3 * torch.randn(length, generator=gen)).tolist(),
+            "advantages": [0.0] * prompt + [float(torch.randn(1, generator=gen))] * response,
+        })
+    return rows
+
+
+class Recording:
+    """An optimizer that records the full (gathered) gradients of its first step."""
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer, self.grads = model, optimizer, None
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        if self.grads is None:
+            self.grads = {}
+            for name, p in self.model.named_parameters():
+                grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                self.grads[name] = grad.detach().clone()
+        self.optimizer.step()
+
+
+def train_worker(world: int, out: str) -> None:
+    """One rank of a `world`-process run (RANK etc. in the environment when world > 1): STEPS policy train steps
+    on the same batch, then the full state dict published with save_model."""
+    from omegaconf import OmegaConf
+
+    from prime_values import dist
+    from prime_values.models import build_char_tokenizer, build_tiny_policy, save_model
+    from prime_values.roles.policy_trainer import train_step
+
+    torch.set_num_threads(1)
+    group = dist.setup(world, "cpu")
+    tokenizer = build_char_tokenizer()
+    model = dist.shard(build_tiny_policy(tokenizer, seed=0, **ARCH).train())
+    cfg = OmegaConf.structured(Config)
+    # the default policy.lr (1e-4). Adam turns float32 rounding in gradient entries near its eps (1e-8) into
+    # update differences of order lr: at lr 1e-2 the weights differ by ~1e-5 in relative norm after 3 steps
+    optimizer = Recording(model, torch.optim.AdamW(model.parameters(), lr=cfg.policy.lr))
+    cfg.policy.micro_batch_rollouts = 3  # micro-batches of 3, 3, 1 rollouts: rank 1 sits out the last one
+    cfg.policy.max_grad_norm = 0.5
+    cfg.policy.kl_coef = 0.1
+    rows = make_rows(tokenizer)
+    stats = [train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, "cpu") for _ in range(STEPS)]
+    full = dist.unsharded(model)
+    if group.main:
+        save_model(full, tokenizer, Path(out) / "published")
+        state = {k: v.detach().clone() for k, v in full.state_dict().items()}
+        torch.save({"grads": optimizer.grads, "stats": stats, "state": state}, Path(out) / "result.pt")
+    dist.teardown()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world: int, out: Path) -> None:
+    out.mkdir()
+    port = free_port()
+    code = f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import test_dist; " \
+           f"test_dist.train_worker({world}, {str(out)!r})"
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, output in zip(procs, outputs):
+        assert p.returncode == 0, output[-3000:]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
+
+
+def test_two_process_fsdp_matches_one_process(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    train_worker(1, str(tmp_path))  # the single-process path: dist is a no-op
+    run_ranks(2, tmp_path / "two")
+    one = torch.load(tmp_path / "result.pt", weights_only=False)
+    two = torch.load(tmp_path / "two" / "result.pt", weights_only=False)
+
+    assert one["grads"].keys() == two["grads"].keys()
+    grad_abs = max((one["grads"][k] - two["grads"][k]).abs().max().item() for k in one["grads"])
+    grad_rel = max(rel(two["grads"][k], one["grads"][k]) for k in one["grads"])
+    weight_rel = max(rel(two["state"][k], one["state"][k]) for k in one["state"])
+    print(f"\nFSDP2 2 ranks vs 1 process: gradient max |diff| {grad_abs:.2e}, max relative norm {grad_rel:.2e}; "
+          f"weights after {STEPS} AdamW steps max relative norm {weight_rel:.2e}")
+    assert grad_abs < 1e-7 and grad_rel < 1e-6, (grad_abs, grad_rel)
+    assert weight_rel < 1e-6, weight_rel
+    for a, b in zip(one["stats"], two["stats"]):  # the metrics are the whole batch's, not rank 0's share
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+
+    published = AutoModelForCausalLM.from_pretrained(tmp_path / "two" / "published").state_dict()
+    for key, value in two["state"].items():
+        assert torch.equal(published[key], value), key  # the gathered state dict, saved and loaded as is
+        assert rel(published[key], one["state"][key]) < 1e-6
+    assert published["lm_head.weight"].data_ptr() == published["model.embed_tokens.weight"].data_ptr() or \
+        torch.equal(published["lm_head.weight"], published["model.embed_tokens.weight"])
+
+
+def test_loss_scale_and_shares_are_identity_with_one_process():
+    from prime_values import dist
+
+    rows = list(range(5))
+    assert dist.share(rows) == (rows, True)
+    assert dist.loss_scale(17) == 1.0
+    assert dist.all_reduce_sum({"a": 1.5}) == {"a": 1.5}
+    assert dist.broadcast("x") == "x"
+
+
+def base_cfg():
+    from omegaconf import OmegaConf
+
+    return OmegaConf.structured(Config)
+
+
+@pytest.mark.parametrize("changes, cuda_count, expected", [
+    ({"policy_trainer_procs": 0}, 0, "topology.policy_trainer_procs=0 must be >= 1"),
+    ({"value_trainer_procs": -1}, 0, "topology.value_trainer_procs=-1 must be >= 1"),
+    ({"policy_trainer_device": "cuda:0", "policy_trainer_procs": 2}, 1,
+     "topology.policy_trainer_procs=2 needs one GPU per process, cuda:0..cuda:1"),
+    ({"value_trainer_device": "cuda:6", "value_trainer_procs": 3}, 8, "topology.value_trainer_procs=3 needs"),
+    ({"value_trainer_procs": 2, "evaluator": "colocated"}, 0, "topology.value_trainer_procs=2 needs "
+                                                            "topology.evaluator=dedicated"),
+])
+def test_impossible_process_counts_fail_naming_the_key(changes, cuda_count, expected):
+    cfg = base_cfg()
+    for key, value in changes.items():
+        cfg.topology[key] = value
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(".", r"\.")):
+        validate(cfg, cuda_count=cuda_count)
+
+
+def test_possible_process_counts_pass():
+    cfg = base_cfg()
+    cfg.topology.policy_trainer_procs = 2  # on the CPU: gloo processes
+    validate(cfg, cuda_count=0)
+    cfg.topology.policy_trainer_device, cfg.topology.value_trainer_device = "cuda:2", "cuda:4"
+    validate(cfg, cuda_count=5)
+
+
+def test_auto_devices_give_a_trainer_consecutive_gpus():
+    from prime_values.launch import resolve_devices
+
+    cfg = base_cfg()
+    topo = cfg.topology
+    for key in ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device"):
+        topo[key] = "auto"
+    topo.policy_trainer_procs = 2
+    resolve_devices(topo, 8)
+    assert [topo.inference_device, topo.evaluator_device, topo.policy_trainer_device, topo.value_trainer_device] \
+        == ["cuda:0", "cuda:1", "cuda:2", "cuda:4"]
+
+
+def test_pipeline_with_two_process_trainers(tmp_path):
+    from test_pipeline import processes_mentioning, run_pipeline
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from prime_values.monitor import read_metrics
+
+    run_dir = tmp_path / "run"
+    result = run_pipeline(run_dir, "steps=3", "topology.policy_trainer_procs=2", "topology.value_trainer_procs=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "3"
+    trained = [m["step"] for m in read_metrics(run_dir / "metrics" / "policy_trainer.jsonl") if "loss" in m]
+    assert trained == [1, 2, 3], "rank 0 alone logs each step once"
+    AutoModelForCausalLM.from_pretrained(run_dir / "weights" / "policy" / "3")
+    critic_steps = [m["critic_step"] for m in read_metrics(run_dir / "metrics" / "value_trainer.jsonl")]
+    assert critic_steps == list(range(1, len(critic_steps) + 1)) and critic_steps, "rank 0 alone logs critic steps"
+    critic_latest = int((run_dir / "weights" / "critic" / "LATEST").read_text())
+    assert critic_latest >= 1
+    AutoModelForTokenClassification.from_pretrained(run_dir / "weights" / "critic" / str(critic_latest))
+    for role in ("policy_trainer", "value_trainer"):
+        logs = sorted(p.name for p in (run_dir / "jobs" / role).glob("*_log.err"))
+        assert any(name.endswith("_1_log.err") for name in logs), f"no second task in the {role} job: {logs}"
+    assert not processes_mentioning(str(run_dir)), "a role process outlived the run"
