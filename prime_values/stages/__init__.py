@@ -88,16 +88,21 @@ def _plain(node) -> dict:
     return json.loads(json.dumps(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node))
 
 
+def _task_key(cfg) -> dict:
+    """The task settings that change what a stage sees (not how the verifier pool or the cache are run)."""
+    return {k: v for k, v in _plain(cfg.task).items() if not k.startswith("verifier_") and k != "data_cache_dir"}
+
+
 def stage_key(name: str, cfg, model: str, upstream: str | None) -> dict:
     """What a finished stage is valid for: its input model and the settings that shape its output."""
     key = {"input": model, "upstream": upstream}
     if name == "sft":
-        key.update(sft=_plain(cfg.sft), task=_plain(cfg.task), seed=cfg.seed,
+        key.update(sft=_plain(cfg.sft), task=_task_key(cfg), seed=cfg.seed,
                    arch=_plain(cfg.policy.arch) if model == "tiny" else None)
     elif name == "rl":
         key.update(steps=cfg.steps)
     else:
-        key.update(eval=_plain(cfg.eval), task=_plain(cfg.task), max_new_tokens=cfg.inference.max_new_tokens)
+        key.update(eval=_plain(cfg.eval), task=_task_key(cfg), max_new_tokens=cfg.inference.max_new_tokens)
     return key
 
 
