@@ -4,8 +4,9 @@ Measured side by side in one run, methods alternating within each repetition, on
   raw         the arrow segments' bytes written to as many files with fsync, then read back: the ceiling
   raw-atomic  the same bytes through the publication protocol alone (temp file, fsync, rename):
               what any format pays for "visible whole or not at all"
-  arrow       the log itself: SegmentWriter.append (rows -> Arrow, crc32, fsync, rename) and
-              LogReader.poll (list, read, verify crc32, decode) + per-token columns as flat numpy arrays;
+  arrow       the log itself: SegmentWriter.append (rows -> Arrow, xxh3 hash, fsync, rename) and
+              LogReader.poll (list, read, verify the hash, decode) + per-token columns as flat numpy arrays
+              (`per_token`: zero-copy views of the read buffer);
               records hold per-token fields as numpy arrays (hf backend, evaluator: torch -> numpy)
   arrow-list  the same with per-token fields as Python lists (vLLM hands over lists): adds conversion
   arrow-durable  arrow with log.durable_rename=true: the directory is fsync'd after every rename too
@@ -35,7 +36,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prime_values.log import LogReader, SegmentWriter, to_table  # noqa: E402
+from prime_values.log import LogReader, SegmentWriter, per_token, to_table  # noqa: E402
 from prime_values.log.fsutil import fsync_dir  # noqa: E402
 
 
@@ -74,6 +75,7 @@ def as_numpy(segs):
     return [([conv(r) for r in rollouts], [conv(v) for v in values]) for rollouts, values in segs]
 
 
+PER_TOKEN = ("token_ids", "policy_mask", "sampling_logprobs", "values")
 DTYPES = {"token_ids": np.int32, "policy_mask": np.int8, "sampling_logprobs": np.float32, "values": np.float32}
 
 
@@ -109,13 +111,13 @@ def run_arrow(d, segs, sizes=None, durable=False):
     n_rows = 0
     for kind in ("rollouts", "values"):
         for seg in LogReader(d / kind, "bench", d / "cursors", kind).poll():
-            for col in ("token_ids", "policy_mask", "sampling_logprobs", "values"):
+            for col in PER_TOKEN:
                 if col in seg.table.column_names:  # flat numpy per-token arrays, ready for the consumer
-                    seg.table.column(col).combine_chunks().values.to_numpy()
+                    per_token(seg.table, col)
             n_rows += seg.table.num_rows
+    t2 = time.perf_counter()
     assert n_rows == 2 * sum(len(r) for r, _ in segs), "arrow bench lost rows"
-    n = sum(p.stat().st_size for p in d.rglob("*.arrow"))
-    return t1 - t0, time.perf_counter() - t1, n
+    return t1 - t0, t2 - t1, sum(p.stat().st_size for p in d.rglob("*.arrow"))
 
 
 def run_jsonl(d, segs, sizes=None):
@@ -141,10 +143,11 @@ def run_parquet(d, segs, sizes=None):
     t1 = time.perf_counter()
     for p in sorted(d.glob("*.parquet")):
         t = pq.read_table(p, page_checksum_verification=True)
-        for col in ("token_ids", "policy_mask", "sampling_logprobs", "values"):
+        for col in PER_TOKEN:
             if col in t.column_names:
-                t.column(col).combine_chunks().values.to_numpy()
-    return t1 - t0, time.perf_counter() - t1, sum(p.stat().st_size for p in d.glob("*.parquet"))
+                per_token(t, col)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1, sum(p.stat().st_size for p in d.glob("*.parquet"))
 
 
 def throughput(args, base):

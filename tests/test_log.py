@@ -12,7 +12,7 @@ import pytest
 
 import prime_values.log.segments as segments
 from prime_values.log import (SCHEMA_VERSION, CorruptSegment, LogReader, NewerSchemaVersion, SegmentWriter,
-                              apply_retention, read_segment, to_rows, to_table)
+                              apply_retention, per_token, read_segment, to_rows, to_table)
 from prime_values.log.segments import list_seqs
 
 
@@ -71,6 +71,22 @@ def test_numpy_fast_path_builds_the_same_columns_as_lists():
     mixed = [as_numpy[0], rows[1]]  # lists and arrays in one column: the generic path, same result
     assert to_table("rollouts", mixed).equals(to_table("rollouts", rows[:2]))
 
+
+def test_per_token_gives_flat_values_and_offsets_without_copying(log):
+    rs = rows(0, n=4)
+    with SegmentWriter(log / "rollouts", "s0", "rollouts") as w:
+        w.append(rs)
+    table = read_segment(log / "rollouts" / "s0" / "000000000000.arrow", "rollouts")
+    values, offsets = per_token(table, "token_ids")
+    assert values.dtype == np.int32 and offsets.tolist() == [0, 8, 16, 24, 32]
+    assert [values[offsets[i]: offsets[i + 1]].tolist() for i in range(4)] == [r["token_ids"] for r in rs]
+    assert values.ctypes.data == table.column("token_ids").chunk(0).values.buffers()[1].address  # a view
+    sliced = table.slice(1, 2)  # offsets index the same values, still row by row
+    values, offsets = per_token(sliced, "sampling_logprobs")
+    np.testing.assert_allclose(values[offsets[1]: offsets[2]], rs[2]["sampling_logprobs"])
+    two = pa.concat_tables([table, table])  # several chunks: combined
+    values, offsets = per_token(two, "policy_mask")
+    assert len(offsets) == 9 and values[offsets[5]: offsets[6]].tolist() == rs[1]["policy_mask"]
 
 def test_segment_roundtrip_metadata_and_ecosystem_readability(log):
     with SegmentWriter(log / "rollouts", "s0", "rollouts") as w:

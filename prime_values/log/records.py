@@ -122,6 +122,14 @@ def _column(values: tuple, type_: pa.DataType) -> pa.Array:
     return pa.array(values, type=type_)
 
 
+def per_token(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """A per-token column as numpy (values, offsets): row i is values[offsets[i]:offsets[i + 1]]. Zero-copy for
+    a segment's table (one record batch); a table of several chunks is combined first."""
+    col = table.column(column)
+    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return arr.values.to_numpy(zero_copy_only=False), arr.offsets.to_numpy()
+
+
 def to_rows(table: pa.Table) -> list[dict]:
     """Table -> list of dicts of Python values (lists for per-token fields)."""
     return table.to_pylist()

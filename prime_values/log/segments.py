@@ -185,6 +185,7 @@ class SegmentWriter:
         self.kind, self.shard = kind, shard
         self.dir = Path(stream_dir) / shard
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._dir = str(self.dir)
         self._lock = open(self.dir / ".writer.lock", "a")
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -218,21 +219,21 @@ class SegmentWriter:
         }
         data = _serialize(table.combine_chunks().to_batches(), table.schema, meta)
 
-        final = self.dir / segment_name(seq)
-        tmp = self.dir / f".{final.name}.tmp"
-        assert not final.exists(), f"{final} already exists: a second writer on shard {self.shard!r}?"
+        name = segment_name(seq)  # str paths: pathlib costs more per segment than the rename
+        final, tmp = os.path.join(self._dir, name), os.path.join(self._dir, f".{name}.tmp")
+        assert not os.path.exists(final), f"{final} already exists: a second writer on shard {self.shard!r}?"
         try:
             _write_file(tmp, data)
             os.replace(tmp, final)
         except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise io_error(e, final, "write segment") from e
+            Path(tmp).unlink(missing_ok=True)
+            raise io_error(e, Path(final), "write segment") from e
         self.next_seq = seq + 1  # visible now: never reuse this seq, even if the dir fsync fails
         if self.durable_rename:
             try:
                 fsync_dir(self.dir)
             except OSError as e:
-                raise io_error(e, final, "make durable segment") from e
+                raise io_error(e, Path(final), "make durable segment") from e
         return seq
 
     def close(self) -> None:
@@ -249,13 +250,29 @@ def read_segment(path: Path, kind: str | None = None) -> pa.Table:
     """Decode and verify one segment. Raises CorruptSegment (or NewerSchemaVersion) on any failure;
     FileNotFoundError passes through because a vanished segment is not a corrupt one."""
     path = Path(path)
-    data = path.read_bytes()
+    data = _read_file(path)
     try:
         return _decode(path, data, kind)
     except CorruptSegment:
         raise
     except Exception as e:  # whatever pyarrow/struct raise on garbage: truncated, flipped, not Arrow
         raise CorruptSegment(path, f"cannot decode as Arrow IPC ({type(e).__name__}: {e})") from e
+
+
+def _read_file(path: Path) -> bytes:
+    """The whole file in one read (plain os calls, as `_write_file`)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        n = os.fstat(fd).st_size
+        data = os.read(fd, n)
+        while len(data) < n:  # a short read: keep going until EOF
+            more = os.read(fd, n - len(data))
+            if not more:
+                break
+            data += more
+        return data
+    finally:
+        os.close(fd)
 
 
 def _decode(path: Path, data: bytes, kind: str | None) -> pa.Table:
@@ -336,10 +353,12 @@ class LogReader:
             start, todo = self.next_seq.get(shard, 0), []
             for seq in list_seqs(self.stream_dir / shard):
                 if seq >= start:
-                    try:
-                        mtime = os.stat(self.stream_dir / shard / segment_name(seq)).st_mtime
-                    except FileNotFoundError:
-                        mtime = 0.0
+                    mtime = 0.0
+                    if len(shards) > 1:  # publication time only orders segments of different shards
+                        try:
+                            mtime = os.stat(self.stream_dir / shard / segment_name(seq)).st_mtime
+                        except FileNotFoundError:
+                            pass
                     todo.append((mtime, shard, seq))
             queues.append(todo)
         return heapq.merge(*queues)  # keeps each shard's seq order, interleaves shards fairly by time
