@@ -13,7 +13,7 @@ and logs each record to the run with its keys prefixed by the role (`policy_trai
   carry their own counters (`warm_start/sft_step`, `warm_start/critic_pretrain_step`) to plot against.
 - config: the composed, resolved config is the run's config; `group` is `wandb.group`, or in a Hydra
   multirun the sweep directory's name, so the points of a sweep group together; `name` is `wandb.name`, or
-  the sweep point's overrides (`advantage=gae,seed=0`), or the run directory's name.
+  the values the sweep varies at this point (`advantage=gae,seed=0`), or the run directory's name.
 - identity: the W&B run id is derived from the run directory, and what was forwarded is remembered in
   `state/wandb/offsets.json`, so a rerun in the same directory resumes the same W&B run without repeating.
 - modes (`wandb.mode`): `disabled` (default, nothing imported), `offline` (files under `<run>/wandb/`;
@@ -101,7 +101,24 @@ def hydra_names() -> tuple[str | None, str | None]:
         return None, None
     if hc.mode != RunMode.MULTIRUN:
         return None, None
-    return sweep_group(hc.sweep.dir), (hc.job.override_dirname or None)
+    import sys
+
+    name = sweep_point_name(sys.argv[1:], list(hc.overrides.task)) or hc.job.override_dirname or None
+    return sweep_group(hc.sweep.dir), name
+
+
+def sweep_point_name(argv: list[str], job_overrides: list[str]) -> str:
+    """The overrides of one sweep point that the sweep varies: `advantage=gae,seed=1` for the point of
+    `... advantage=gae,tether seed=0,1` (the command line's sweep keys, the job's values), '' if none."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        args = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+        swept = {o.get_key_element().lstrip("+~") for o in OverridesParser.create().parse_overrides(args)
+                 if o.is_sweep_override()}
+    except Exception:  # an unparseable command line: fall back to the job's override dirname
+        return ""
+    return ",".join(o.lstrip("+~") for o in job_overrides if o.split("=", 1)[0].lstrip("+~") in swept)
 
 
 def sweep_group(sweep_dir) -> str:
@@ -247,8 +264,9 @@ class WandbForwarder:
             self._thread.start()
         return self
 
-    def close(self, exit_code: int = 0) -> None:
-        """Forward what is left and finish the W&B run (call after the roles have stopped)."""
+    def close(self, summary: dict | None = None, exit_code: int = 0) -> None:
+        """Forward what is left and finish the W&B run (call after the roles have stopped). `summary`: the run's
+        final figures (`report.summarise`); its numbers become the W&B run summary, under `summary/`."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
@@ -259,6 +277,11 @@ class WandbForwarder:
         try:
             import wandb
 
+            for key, value in (summary or {}).items():
+                if _number(value) is not None and key != "written_at":
+                    self.wb.summary[f"summary/{key}"] = _number(value)
+            if summary and isinstance(summary.get("status"), str):
+                self.wb.summary["summary/status"] = summary["status"]
             self.wb.finish(exit_code=exit_code)
             wandb.teardown()  # wait until W&B's service process has written everything (it would outlive finish())
         except Exception as error:

@@ -17,7 +17,7 @@ from prime_values.config import Config, ConfigError
 from prime_values.monitor import MetricsWriter
 from prime_values.rundir import RunDir
 from prime_values.wandb_sink import (WandbForwarder, check_wandb, has_api_key, record_to_row, resolve_mode,
-                                     sweep_group)
+                                     sweep_group, sweep_point_name)
 
 wandb = pytest.importorskip("wandb", reason="pip install 'prime_values[wandb]'")
 
@@ -68,7 +68,7 @@ def offline_run(run_dir: Path) -> dict:
     """{'run': the run record, 'history': [dict], 'config': {key: value}} of the offline runs under run_dir."""
     files = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert files, f"no offline W&B run under {run_dir / 'wandb'}"
-    out = {"history": [], "config": {}, "runs": []}
+    out = {"history": [], "config": {}, "runs": [], "summary": {}}
     for path in files:
         for record in read_wandb_records(path):
             kind = record.WhichOneof("record_type")
@@ -78,6 +78,9 @@ def offline_run(run_dir: Path) -> dict:
             elif kind == "run":
                 out["runs"].append(record.run)
                 out["config"].update({item.key: json.loads(item.value_json) for item in record.run.config.update})
+            elif kind == "summary":
+                out["summary"].update({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                                       for item in record.summary.update})
             elif kind == "config":
                 out["config"].update({item.key: json.loads(item.value_json) for item in record.config.update})
     return out
@@ -109,6 +112,10 @@ def test_record_to_row_prefixes_and_policy_step():
     assert record_to_row("value_trainer", {"critic_step": 4, "value_loss": 0.1}, 5)["policy_step"] == 5
     assert "policy_step" not in record_to_row("value_trainer", {"value_loss": 0.1}, None)
     assert record_to_row("warm_start", {"step": 10, "loss": 2.0}, None)["policy_step"] == 0  # an SFT step
+    assert sweep_point_name(["-m", "+experiment=arith", "advantage=gae,tether", "seed=0,1", "steps=5",
+                             "hydra.sweep.dir=sweeps/critic"],
+                            ["+experiment=arith", "advantage=tether", "seed=1", "steps=5"]) == "advantage=tether,seed=1"
+    assert sweep_point_name(["+experiment=arith"], ["+experiment=arith"]) == ""
     assert sweep_group("sweeps/critic") == "critic"
     assert sweep_group("multirun/2026-11-30/12-28-45") == "2026-11-30/12-28-45"
 
@@ -127,7 +134,7 @@ def test_forwards_every_role_to_one_offline_run(tmp_path):
     assert forwarder.enabled and forwarder.mode == "offline"
     policy.log(step=2, loss=0.125, reward_mean=0.75)  # while the thread polls; a role that appears late:
     MetricsWriter(run.metrics("orchestrator"), "orchestrator").log(step=3, advantage_mean=-0.5)
-    forwarder.close()
+    forwarder.close(summary={"status": "finished", "final_accuracy": 0.5, "run_dir": "/x", "written_at": 1.0})
     got = offline_run(run.root)
     rows = got["history"]
     assert [(r["policy_step"], r["policy_trainer/loss"]) for r in rows if "policy_trainer/loss" in r] == \
@@ -143,6 +150,8 @@ def test_forwards_every_role_to_one_offline_run(tmp_path):
         ("sweep-a", "point-1", "prime_values")
     assert got["config"]["advantage"]["estimator"] == "tether"  # the composed config travels with the run
     assert got["config"]["wandb"]["mode"] == "offline"
+    assert got["summary"]["summary/final_accuracy"] == 0.5 and got["summary"]["summary/status"] == "finished"
+    assert "summary/run_dir" not in got["summary"] and "summary/written_at" not in got["summary"]
 
     # a rerun in the same directory resumes: same W&B run id, only the new records
     policy.log(step=3, loss=0.0625, reward_mean=1.0)
