@@ -14,7 +14,7 @@ from prime_values.algo.losses import ppo_clip_loss, prob_diff_mask_loss, token_l
 from prime_values.log import LogReader, to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import attention_mask, padded
-from prime_values.weights import latest_version, prune, publish, version_dir
+from prime_values.weights import prune, publish, resume, version_dir
 
 
 def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str) -> dict:
@@ -91,9 +91,11 @@ def main(run_dir: str) -> None:
     cfg, policy_root = ctx.cfg, ctx.run.weights("policy")
     group = dist.setup(cfg.topology.policy_trainer_procs, ctx.device, cfg.launcher.timeout_min)
     device = group.device  # ctx.device, or this rank's GPU
-    start = dist.broadcast(latest_version(policy_root))
+    # the newest version that loads (a damaged one is moved aside and redone); rank 0 decides
+    start, loaded = resume(policy_root, load_policy) if group.main else (None, None)
+    start = dist.broadcast(start)
     assert start is not None, f"no policy version in {policy_root}: the warm-start job publishes version 0"
-    model = dist.shard(load_policy(version_dir(policy_root, start)).to(device).train())
+    model = dist.shard((loaded if group.main else load_policy(version_dir(policy_root, start))).to(device).train())
     tokenizer = AutoTokenizer.from_pretrained(version_dir(policy_root, 0))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
     if start > 0:  # TODO(dist): sharded optimizer state (dist.optimizer_state / restore_optimizer_state)

@@ -19,7 +19,7 @@ from prime_values.log import LogReader, to_rows
 from prime_values.replay import IngestQueue, ReplayBuffer, dump_snapshot, load_snapshot
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import critic_step
-from prime_values.weights import latest_version, prune, publish, version_dir
+from prime_values.weights import prune, publish, resume, version_dir
 
 
 def ingest(reader: LogReader, queue: IngestQueue, ctx: RoleContext, stop: threading.Event) -> None:
@@ -63,9 +63,10 @@ def main(run_dir: str) -> None:
     cfg, critic_root = ctx.cfg, ctx.run.weights("critic")
     group = dist.setup(cfg.topology.value_trainer_procs, ctx.device, cfg.launcher.timeout_min)
     device = group.device  # ctx.device, or this rank's GPU
-    version = dist.broadcast(latest_version(critic_root))
+    version, loaded = resume(critic_root, load_critic) if group.main else (None, None)
+    version = dist.broadcast(version)
     assert version is not None, f"no critic version in {critic_root}: the warm-start job publishes version 0"
-    critic = dist.shard(load_critic(version_dir(critic_root, version)).to(device).train())
+    critic = dist.shard((loaded if group.main else load_critic(version_dir(critic_root, version))).to(device).train())
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
     optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
     if version > 0:  # TODO(dist): sharded optimizer state (dist.optimizer_state / restore_optimizer_state)
