@@ -12,7 +12,7 @@ Which rollout:
 - `--rollout ID`: that rollout (`rollout_id` of the log, e.g. `w0-000003-0005`).
 - `--worst` (the default): of the rollouts that reached a batch, the one with the most negative sum of
   advantages over its policy tokens (the one the policy was pushed away from hardest). In a run with no
-  batch yet: the rollout with the biggest one-token value drop.
+  batch yet: the rollout with the biggest one-token value drop (the last token: reward minus its value).
 - `--best`: the most positive advantage sum (no batch yet: the biggest one-token value rise).
 
 Model output is untrusted: every decoded token and every string of the record is escaped for the terminal
@@ -81,13 +81,17 @@ def policy_token_sums(table: pa.Table, column: str, weights: np.ndarray | None =
     return np.bincount(parents, weights=np.where(mask, values, 0.0), minlength=table.num_rows)
 
 
-def value_steps(values: list[float], mask: list[int], valued: int) -> list[float | None]:
+def value_steps(values: list[float], mask: list[int], valued: int, end: float | None = None) -> list[float | None]:
     """Per token: the change of value its own sampling caused, V(s_{t+1}) - V(s_t), over the policy tokens
-    inside the critic's context (the last one has no next state: None)."""
+    inside the critic's context; for the last of them the next "value" is `end`: the reward (the outcome) or,
+    for a trace the critic's context cut, V(s_cut) (None: no step for the last token). Undiscounted, like the
+    TD errors of GAE with gamma = 1."""
     idx = [j for j in range(min(len(values), len(mask), valued)) if mask[j]]
     out: list[float | None] = [None] * len(mask)
     for j, k in zip(idx, idx[1:]):
         out[j] = values[k] - values[j]
+    if idx and end is not None:
+        out[idx[-1]] = end - values[idx[-1]]
     return out
 
 
@@ -98,24 +102,26 @@ def pick_extreme(run: Path, worst: bool) -> str:
         sums = policy_token_sums(batches, "advantages")
         i = int(np.argmin(sums) if worst else np.argmax(sums))
         return batches.column("rollout_id")[i].as_py()
-    values = read_stream(run, "values", ["rollout_id", "values", "valued_tokens"])
-    rollouts = read_stream(run, "rollouts", ["rollout_id", "policy_mask"])
+    values = read_stream(run, "values", ["rollout_id", "values", "valued_tokens", "cut", "bootstrap_value"])
+    rollouts = read_stream(run, "rollouts", ["rollout_id", "policy_mask", "reward"])
     if values is None or rollouts is None:
         raise ShowError(f"{run} has no batch and no values yet, so there is no worst or best rollout; "
                         "pick one with --rollout ID")
-    masks = dict(zip(rollouts.column("rollout_id").to_pylist(), rollouts.column("policy_mask").to_pylist()))
+    known = {rid: (mask, reward) for rid, mask, reward in
+             zip(*(rollouts.column(c).to_pylist() for c in ("rollout_id", "policy_mask", "reward")))}
     best_id, best = None, None
-    for rid, vals, valued in zip(*(values.column(c).to_pylist() for c in ("rollout_id", "values", "valued_tokens"))):
-        if rid not in masks:
+    columns = ("rollout_id", "values", "valued_tokens", "cut", "bootstrap_value")
+    for rid, vals, valued, cut, bootstrap in zip(*(values.column(c).to_pylist() for c in columns)):
+        if rid not in known:
             continue
-        steps = [s for s in value_steps(vals, masks[rid], valued) if s is not None]
+        mask, reward = known[rid]
+        steps = [s for s in value_steps(vals, mask, valued, bootstrap if cut else reward) if s is not None]
         if steps:
             score = min(steps) if worst else -max(steps)
             if best is None or score < best:
                 best_id, best = rid, score
     if best_id is None:
-        raise ShowError(f"{run} has no batch and no scored rollout with two policy tokens yet; pick one with "
-                        "--rollout ID")
+        raise ShowError(f"{run} has no batch and no scored rollout yet; pick one with --rollout ID")
     return best_id
 
 
@@ -156,7 +162,9 @@ class Shown:
     def steps(self) -> list[float | None]:
         if self.values is None:
             return [None] * len(self.rollout["token_ids"])
-        return value_steps(self.values["values"], self.rollout["policy_mask"], self.values["valued_tokens"])
+        v = self.values
+        end = v["bootstrap_value"] if v["cut"] else self.rollout["reward"]
+        return value_steps(v["values"], self.rollout["policy_mask"], v["valued_tokens"], end)
 
     def biggest_drop(self) -> tuple[int, float] | None:
         """(token index, value change) of the token whose sampling lowered the value the most, if any did."""
@@ -340,8 +348,10 @@ def drop_line(shown: Shown) -> str:
         return "largest value drop: none" + ("" if shown.values is not None else " (no values)")
     j, d = drop
     v = shown.values["values"]
+    last = all(s is None for s in shown.steps[j + 1:])
+    to = ("the cut's V(s_cut) " if shown.values["cut"] else "the reward ") if last else ""
     return (f"largest value drop: token {j - shown.response_start} {visible(shown.pieces[j])!r} took the value from "
-            f"{v[j]:.3f} to {v[j] + d:.3f} ({d:+.3f})")
+            f"{v[j]:.3f} to {to}{v[j] + d:.3f} ({d:+.3f})")
 
 
 def render_text(shown: Shown, color: bool) -> str:
@@ -418,7 +428,8 @@ def render_html(shown: Shown) -> str:
 <h2>By the critic's value</h2>
 <p>Each response token is coloured by V(prompt + response[:t]), the critic's value of the state <em>before</em> it
 (red {lo:.2f} .. yellow .. green {hi:.2f}); hover for the value, its advantage and dv = how much the token itself moved
-the value. Grey: prompt, environment tokens, tokens beyond the critic's context.</p>
+the value (for the last token: the reward minus its value). Grey: prompt, environment tokens, tokens beyond the
+critic's context.</p>
 <div class="trace">{trace(lambda j: None if vals[j] is None else value_rgb(vals[j], lo, hi))}</div>
 <h2>By advantage</h2>
 <p>Red negative .. white 0 .. blue positive (scale &plusmn;{scale:.3f}).</p>

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from prime_values.config import Config
 from prime_values.log import SegmentWriter
 from prime_values.models.tokenizer import build_char_tokenizer
-from prime_values.show import main, token_pieces
+from prime_values.show import main, token_pieces, value_steps
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTILE = "<script>alert(1)</script>\x1b[31mred\u202e"
@@ -147,6 +147,14 @@ def test_errors_are_one_line_with_exit_2(run, tmp_path, capsys):
     result = subprocess.run([sys.executable, "-m", "prime_values.show", str(tmp_path / "missing")], cwd=REPO,
                             capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_value_steps():
+    # token t's step: V(s_t+1) - V(s_t); the last policy token's next value is the reward (or V(s_cut) when cut)
+    assert value_steps([0, 0, 0.5, 0.75, 1.0], [0, 0, 1, 1, 1], valued=5, end=0.0) == [None, None, 0.25, 0.25, -1.0]
+    assert value_steps([0, 0, 0.5, 0.75, 1.0], [0, 0, 1, 0, 1], valued=5, end=1.0) == [None, None, 0.5, None, 0.0]
+    assert value_steps([0, 0, 0.5, 0.75, 1.0], [0, 0, 1, 1, 1], valued=3, end=0.25) == [None, None, -0.25, None, None]
+    assert value_steps([0, 0, 0.5], [0, 0, 1], valued=3) == [None, None, None]
 
 
 def test_incremental_pieces_with_a_byte_level_bpe():
