@@ -32,7 +32,7 @@ import pyarrow as pa
 import xxhash
 
 from .fsutil import fsync_dir, io_error, write_atomic
-from .records import SCHEMA_VERSION, SCHEMAS, schema_for, to_table
+from .records import SCHEMA_VERSION, SCHEMAS, schema_for, to_batch
 
 log = logging.getLogger(__name__)
 
@@ -202,22 +202,25 @@ class SegmentWriter:
 
     def append(self, rows_or_table: list[dict] | pa.Table, seq: int | None = None) -> int:
         """Publish one segment and return its seq. `seq` may skip ahead (e.g. batch n at seq n), never back."""
-        table = rows_or_table
-        if not isinstance(table, pa.Table):
-            table = to_table(self.kind, table)
-        if not table.schema.equals(SCHEMAS[self.kind]):
-            raise ValueError(f"table does not match the {self.kind!r} schema: {table.schema}")
+        if isinstance(rows_or_table, pa.Table):
+            table = rows_or_table
+            if not table.schema.equals(SCHEMAS[self.kind]):
+                raise ValueError(f"table does not match the {self.kind!r} schema: {table.schema}")
+            batches, num_rows = table.combine_chunks().to_batches(), table.num_rows
+        else:
+            batches = [to_batch(self.kind, rows_or_table)]
+            num_rows = batches[0].num_rows
         seq = self.next_seq if seq is None else seq
         if seq < self.next_seq:
             raise ValueError(f"seq {seq} is not after the last seq {self.next_seq - 1} of {self.dir}")
         meta = {
             "pv.schema_version": str(SCHEMA_VERSION),
             "pv.kind": self.kind,
-            "pv.rows": str(table.num_rows),
+            "pv.rows": str(num_rows),
             "pv.writer": self.identity,
             "pv.created_at": repr(time.time()),
         }
-        data = _serialize(table.combine_chunks().to_batches(), table.schema, meta)
+        data = _serialize(batches, SCHEMAS[self.kind], meta)
 
         name = segment_name(seq)  # str paths: pathlib costs more per segment than the rename
         final, tmp = os.path.join(self._dir, name), os.path.join(self._dir, f".{name}.tmp")
