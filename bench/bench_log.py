@@ -79,35 +79,45 @@ PER_TOKEN = ("token_ids", "policy_mask", "sampling_logprobs", "values")
 DTYPES = {"token_ids": np.int32, "policy_mask": np.int8, "sampling_logprobs": np.float32, "values": np.float32}
 
 
+def _tick():
+    return time.perf_counter(), time.process_time()
+
+
+def _spans(t0, t1, t2, n):
+    """(write s, read s, bytes, CPU s of this process over both): wall clock is what the goals compare; CPU
+    time tells the format's own cost apart from a disk that other jobs slow down."""
+    return t1[0] - t0[0], t2[0] - t1[0], n, t2[1] - t0[1]
+
+
 def run_raw(d, segs, sizes):
     blobs = [os.urandom(n) for n in sizes]
-    t0 = time.perf_counter()
+    t0 = _tick()
     for i, b in enumerate(blobs):
         fsync_write(d / f"{i}.bin", b)
-    t1 = time.perf_counter()
+    t1 = _tick()
     n = sum(len((d / f"{i}.bin").read_bytes()) for i in range(len(blobs)))
-    return t1 - t0, time.perf_counter() - t1, n
+    return _spans(t0, t1, _tick(), n)
 
 
 def run_raw_atomic(d, segs, sizes):
     blobs = [os.urandom(n) for n in sizes]
-    t0 = time.perf_counter()
+    t0 = _tick()
     for i, b in enumerate(blobs):
         fsync_write(d / f".{i}.tmp", b)
         os.replace(d / f".{i}.tmp", d / f"{i}.bin")
-    t1 = time.perf_counter()
+    t1 = _tick()
     n = sum(len((d / f"{i}.bin").read_bytes()) for i in range(len(blobs)))
-    return t1 - t0, time.perf_counter() - t1, n
+    return _spans(t0, t1, _tick(), n)
 
 
 def run_arrow(d, segs, sizes=None, durable=False):
-    t0 = time.perf_counter()
+    t0 = _tick()
     with SegmentWriter(d / "rollouts", "w0", "rollouts", durable) as wr, \
             SegmentWriter(d / "values", "w0", "values", durable) as wv:
         for rollouts, values in segs:
             wr.append(rollouts)
             wv.append(values)
-    t1 = time.perf_counter()
+    t1 = _tick()
     n_rows = 0
     for kind in ("rollouts", "values"):
         for seg in LogReader(d / kind, "bench", d / "cursors", kind).poll():
@@ -115,39 +125,39 @@ def run_arrow(d, segs, sizes=None, durable=False):
                 if col in seg.table.column_names:  # flat numpy per-token arrays, ready for the consumer
                     per_token(seg.table, col)
             n_rows += seg.table.num_rows
-    t2 = time.perf_counter()
+    t2 = _tick()
     assert n_rows == 2 * sum(len(r) for r, _ in segs), "arrow bench lost rows"
-    return t1 - t0, t2 - t1, sum(p.stat().st_size for p in d.rglob("*.arrow"))
+    return _spans(t0, t1, t2, sum(p.stat().st_size for p in d.rglob("*.arrow")))
 
 
 def run_jsonl(d, segs, sizes=None):
-    t0 = time.perf_counter()
+    t0 = _tick()
     for i, (rollouts, values) in enumerate(segs):
         fsync_write(d / f"{i}.jsonl", "\n".join(json.dumps(r) for r in rollouts + values).encode())
-    t1 = time.perf_counter()
+    t1 = _tick()
     n_rows = 0
     for i in range(len(segs)):
         n_rows += len([json.loads(line) for line in (d / f"{i}.jsonl").read_text().splitlines()])
     assert n_rows == 2 * sum(len(r) for r, _ in segs), "jsonl bench lost rows"
-    return t1 - t0, time.perf_counter() - t1, sum(p.stat().st_size for p in d.glob("*.jsonl"))
+    return _spans(t0, t1, _tick(), sum(p.stat().st_size for p in d.glob("*.jsonl")))
 
 
 def run_parquet(d, segs, sizes=None):
-    t0 = time.perf_counter()
+    t0 = _tick()
     for i, (rollouts, values) in enumerate(segs):
         for kind, rows in (("rollouts", rollouts), ("values", values)):
             path = d / f"{kind}-{i}.parquet"
             pq.write_table(to_table(kind, rows), path, write_page_checksum=True)
             with open(path, "rb") as f:
                 os.fsync(f.fileno())
-    t1 = time.perf_counter()
+    t1 = _tick()
     for p in sorted(d.glob("*.parquet")):
         t = pq.read_table(p, page_checksum_verification=True)
         for col in PER_TOKEN:
             if col in t.column_names:
                 per_token(t, col)
-    t2 = time.perf_counter()
-    return t1 - t0, t2 - t1, sum(p.stat().st_size for p in d.glob("*.parquet"))
+    t2 = _tick()
+    return _spans(t0, t1, t2, sum(p.stat().st_size for p in d.glob("*.parquet")))
 
 
 def throughput(args, base):
@@ -230,8 +240,9 @@ def main():
     arrow_mb = res["arrow"][0][2] / 1e6
     print(f"rollout log bench: {args.segments} segments x {args.per_segment} rollouts x {args.tokens} tokens "
           f"(+ a values segment each), {args.reps} alternating reps, {arrow_mb:.1f} MB of segments, dir {base.parent}")
-    print("median [min-max] over reps; MB/s of each method's own bytes")
-    cols = ("write MB/s", "read MB/s", "write+read MB/s", "krecords/s")
+    print("median [min-max] over reps; MB/s of each method's own bytes; CPU ms: this process's CPU time over the "
+          "timed write+read (the format's own cost; the rest of the wall time is waiting on the disk)")
+    cols = ("write MB/s", "read MB/s", "write+read MB/s", "krecords/s", "CPU ms (w+r)")
     print(f"{'method':<10} {'size MB':>8} " + " ".join(f"{c:>22}" for c in cols))
     for m, runs in res.items():
         size = runs[0][2] / 1e6
@@ -239,7 +250,8 @@ def main():
         rd = [r[2] / 1e6 / r[1] for r in runs]
         wr = [r[2] / 1e6 / (r[0] + r[1]) for r in runs]
         krec = [n_rec / 1e3 / (r[0] + r[1]) for r in runs]
-        print(f"{m:<10} {size:8.2f} {med(w):>22} {med(rd):>22} {med(wr):>22} {med(krec):>22}")
+        cpu = [r[3] * 1e3 for r in runs]
+        print(f"{m:<10} {size:8.2f} {med(w):>22} {med(rd):>22} {med(wr):>22} {med(krec):>22} {med(cpu):>22}")
     t = {m: [r[0] + r[1] for r in runs] for m, runs in res.items()}
     ratio = lambda a, b: [x / y for x, y in zip(t[b], t[a])]  # noqa: E731  paired per rep: time(b) / time(a)
     ok = lambda xs, goal: f"goal >= {goal}  {'PASS' if statistics.median(xs) >= goal else 'MISS'}"  # noqa: E731
