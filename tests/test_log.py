@@ -287,6 +287,18 @@ def test_hash_placeholder_in_other_metadata_falls_back_to_a_second_serialization
     t = read_segment(log / "rollouts" / shard / "000000000000.arrow", "rollouts")
     assert t.num_rows == 3 and segments._PENDING not in t.schema.metadata[segments.HASH_KEY.encode()]
 
+
+@pytest.mark.parametrize("bound", ["exact", "too_small"])
+def test_large_metadata_and_an_outgrown_size_bound_still_give_a_verified_segment(tmp_path, monkeypatch, bound):
+    if bound == "too_small":  # the preallocated buffer overflows: the writer falls back to a growing one
+        monkeypatch.setattr(pa.ipc, "get_record_batch_size", lambda b: 0)
+    batch = segments.to_batch("rollouts", rows(0))
+    data = bytes(segments._serialize([batch], batch.schema, {"pv.writer": "w" * 200_000}))
+    reader = pa.ipc.open_file(pa.py_buffer(data))
+    meta = {k.decode(): v.decode() for k, v in reader.schema.metadata.items()}
+    segments.verify_checksum(tmp_path / "x.arrow", data, meta)
+    assert reader.read_all().num_rows == 3 and len(meta["pv.writer"]) == 200_000
+
 def _flip_in_token_data(path, token):
     data = bytearray(path.read_bytes())
     at = data.find(np.int32(token).tobytes())

@@ -119,16 +119,23 @@ def verify_checksum(path: Path, data, meta: dict[str, str]) -> None:
 
 def _ipc_file(batches: list[pa.RecordBatch], schema: pa.Schema) -> memoryview:
     """The Arrow IPC file, written into one buffer allocated at an upper bound of its size (the batch messages,
-    the schema twice: as a message and in the footer, the footer's block index, framing): no reallocations
-    as a growing BufferOutputStream makes. (Collecting the writer's output as zero-copy pieces and writev-ing
-    them was measured too: the per-write Python callbacks cost more than this one copy.)"""
+    the schema twice: as a message and in the footer, the footer's block index, framing): no reallocations as
+    a growing BufferOutputStream makes. (Collecting the writer's output as zero-copy pieces and writev-ing
+    them was measured too: the per-write Python callbacks cost as much as this one copy.)"""
     size = sum(pa.ipc.get_record_batch_size(b) for b in batches) + 2 * schema.serialize().size \
-        + 32 * len(batches) + 256
+        + 32 * len(batches) + 1024
     buf = pa.allocate_buffer(size)
     sink = pa.FixedSizeBufferWriter(buf)
-    with pa.ipc.new_file(sink, schema) as w:
-        for b in batches:
-            w.write_batch(b)
+    try:
+        with pa.ipc.new_file(sink, schema) as w:
+            for b in batches:
+                w.write_batch(b)
+    except OSError:  # outgrew the bound (should not happen): let the buffer grow instead
+        grow = pa.BufferOutputStream()
+        with pa.ipc.new_file(grow, schema) as w:
+            for b in batches:
+                w.write_batch(b)
+        return memoryview(bytearray(grow.getvalue()))
     return memoryview(buf).cast("B")[: sink.tell()]
 
 
