@@ -13,7 +13,7 @@ import inspect
 import os
 from dataclasses import MISSING as NO_DEFAULT, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING  # noqa: F401  (re-exported for conf authors)
 
@@ -220,7 +220,8 @@ class TopologyConfig:
 @dataclass
 class TaskConfig:
     name: str = "arith"
-    """task: 'arith' (procedural arithmetic, verified exactly) or 'math' (GSM8K/MATH-style data, math-verify)"""
+    """task: 'arith' (procedural arithmetic, verified exactly), 'reverse_text' (reverse a generated string, partial
+    credit), 'math' (GSM8K/MATH-style data, math-verify) or 'verifiers' (an environment of the `verifiers` package)"""
     digits: int = 2
     """digits per operand"""
     operands: int = 2
@@ -262,6 +263,26 @@ class TaskConfig:
     """math: address-space limit per verifier worker (null: none)"""
     data_cache_dir: Optional[str] = None
     """math: HF datasets cache directory (default: HF_HOME)"""
+    min_chars: int = 3
+    """reverse_text: shortest generated string"""
+    max_chars: int = 6
+    """reverse_text: longest generated string (the answer is as long; keep inference.max_new_tokens > it)"""
+    alphabet: str = "abcdefghijklmnopqrstuvwxyz"
+    """reverse_text: characters the strings are drawn from (printable, no spaces, no '|')"""
+    env_id: str = ""
+    """verifiers: the environment (taskset) id as `verifiers` resolves it: an installed environment package
+    ('reverse-text', 'owner/name@version' installs as 'name'), a built-in taskset, or 'pkg.module:Class' /
+    'path/file.py:Class' naming a Taskset or Env subclass directly"""
+    env_args: Dict[str, Any] = field(default_factory=dict)
+    """verifiers: the taskset's config fields (its TasksetConfig), e.g. {dataset_split: train}"""
+    env_class: str = ""
+    """verifiers: an explicit Env id or 'pkg.module:Class' (default: the taskset's own Env, else single-agent)"""
+    max_turns: int = 8
+    """verifiers: most policy turns per rollout (an agent's own max_turns, when set, is used instead)"""
+    privileged_field: str = "answer"
+    """verifiers: the task-data field the critic may see (e.g. the reference answer); empty or absent: nothing"""
+    env_pool: int = 4096
+    """verifiers: tasks read from an infinite taskset (bounded ones are read whole) before the held-out split"""
 
 
 @dataclass
@@ -457,7 +478,7 @@ ALLOWED = {
     "launcher.name": ("local", "slurm"),
     "replay.sampling": ("uniform", "fifo", "recent"),
     "critic.loss": ("mse", "huber", "bce"),
-    "task.name": ("arith", "math"),
+    "task.name": ("arith", "reverse_text", "math", "verifiers"),
 }
 
 
@@ -642,6 +663,27 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                     resolve_source(cfg.task[key], f"task.{key}", cfg.task.data_cache_dir)
                 except MathDataError as error:
                     raise ConfigError(str(error)) from None
+    if cfg.task.name == "reverse_text":
+        from prime_values.tasks.reverse_text import ReverseTextTask
+
+        try:
+            ReverseTextTask(cfg.task.min_chars, cfg.task.max_chars, cfg.task.alphabet, cfg.task.heldout_size,
+                            cfg.task.seed)
+        except ValueError as error:
+            raise ConfigError(f"task (reverse_text): {error}") from None
+        if cfg.inference.max_new_tokens <= cfg.task.max_chars:
+            raise ConfigError(f"inference.max_new_tokens={cfg.inference.max_new_tokens} cannot hold a "
+                              f"{cfg.task.max_chars}-character answer and its eos; raise it above task.max_chars")
+    if cfg.task.name == "verifiers":
+        from prime_values.tasks.verifiers_env import VerifiersUnavailable, check_env_id
+
+        try:
+            check_env_id(cfg.task.env_id, cfg.task.env_class)
+        except VerifiersUnavailable as error:
+            raise ConfigError(str(error)) from None
+        for key in ("max_turns", "env_pool"):
+            if cfg.task[key] < 1:
+                raise ConfigError(f"task.{key}={cfg.task[key]} must be >= 1")
     if cfg.task.name == "arith" and cfg.task.show_work and "*" in cfg.task.ops:
         raise ConfigError(f"task.show_work=true needs task.ops from '+-' (got {cfg.task.ops!r}): running results "
                           "are left to right")

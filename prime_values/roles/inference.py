@@ -44,6 +44,50 @@ def build_rows(problems, completions, prompt_ids, task, policy_version: int, sha
     return rows
 
 
+def env_rows(problems, rollouts, policy_version: int, shard: str, chunk: int) -> list[dict]:
+    """Rollout records of environment episodes (``task.rollout``: multi-turn traces whose environment tokens have
+    policy_mask 0), in the same schema as ``build_rows``."""
+    rows, now = [], time.time()
+    for k, r in enumerate(rollouts):
+        problem = problems[r.prompt_index]
+        rows.append({
+            "rollout_id": f"{shard}-{chunk:06d}-{k:04d}",
+            "prompt_id": problem.prompt_id,
+            "group_id": f"{shard}-{chunk:06d}-{r.prompt_index:04d}",
+            "shard": shard,
+            "policy_version": policy_version,
+            "token_ids": list(r.token_ids),
+            "policy_mask": list(r.policy_mask),
+            "sampling_logprobs": [float(x) for x in r.logprobs],
+            "reward": float(r.reward),
+            "stop_reason": r.stop_reason,
+            "privileged": problem.privileged,
+            "task": json.dumps({"prompt": problem.prompt, "answer": problem.answer, "response": r.text,
+                                "turns": r.turns, "rewards": r.rewards, "error": r.error}),
+            "created_at": now,
+        })
+    return rows
+
+
+def generate_rows(task, model, tokenizer, problems, cfg, seed: int, policy_version: int, shard: str,
+                  chunk: int) -> list[dict]:
+    """Sample and score one chunk: ``group_size`` rollouts per problem. A task that drives its own turns
+    (``task.rollout``, e.g. task=verifiers) runs its episodes; every other task is one sampled reply per rollout."""
+    from prime_values.models.sampling import sample
+    from prime_values.roles.evaluation import encode_prompts
+
+    inf = cfg.inference
+    if hasattr(task, "rollout"):
+        rollouts = task.rollout(model, tokenizer, problems, num_samples=inf.group_size,
+                                max_new_tokens=inf.max_new_tokens, temperature=inf.temperature, seed=seed)
+        return env_rows(problems, [r for r in rollouts if r.token_ids], policy_version, shard, chunk)
+    prompt_ids = encode_prompts(tokenizer, problems)
+    completions = sample(model, prompt_ids, num_samples=inf.group_size, max_new_tokens=inf.max_new_tokens,
+                         temperature=inf.temperature, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                         seed=seed)
+    return build_rows(problems, completions, prompt_ids, task, policy_version, shard, chunk, tokenizer)
+
+
 class WarmupOffset:
     """During the critic warm-up (critic.warmup) inference runs free: its chunks only train the critic. When the
     orchestrator opens the gate, the next chunk becomes the one for step 1; that offset is kept in the role's
@@ -70,8 +114,6 @@ def main(run_dir: str, worker: int = 0) -> None:
     from transformers import AutoTokenizer
 
     from prime_values.models import load_policy
-    from prime_values.models.sampling import sample
-    from prime_values.roles.evaluation import encode_prompts
     from prime_values.tasks import make_task
 
     ctx = RoleContext(run_dir, f"inference{worker}", "inference_device")
@@ -99,11 +141,8 @@ def main(run_dir: str, worker: int = 0) -> None:
         started = time.time()
         rng = random.Random(ctx.seed(chunk))
         problems = task.sample(rng, prompts_per_chunk)
-        prompt_ids = encode_prompts(tokenizer, problems)
-        completions = sample(policy.value, prompt_ids, num_samples=cfg.inference.group_size,
-                             max_new_tokens=cfg.inference.max_new_tokens, temperature=cfg.inference.temperature,
-                             eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, seed=ctx.seed(chunk, 1))
-        rows = build_rows(problems, completions, prompt_ids, task, policy.version, shard, chunk, tokenizer)
+        rows = generate_rows(task, policy.value, tokenizer, problems, cfg, ctx.seed(chunk, 1), policy.version,
+                             shard, chunk)
         writer.append(rows)
         elapsed = time.time() - started
         new_tokens = sum(sum(r["policy_mask"]) for r in rows)

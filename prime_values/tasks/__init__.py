@@ -7,10 +7,21 @@ from typing import Callable
 
 from .arith import ArithTask, Problem
 from .math import MathTask
+from .reverse_text import ReverseTextTask
+
+
+def _verifiers_task(**kwargs):
+    """The `verifiers` adapter, imported only when chosen (the package is an optional extra)."""
+    from .verifiers_env import VerifiersTask
+
+    return VerifiersTask(**kwargs)
+
 
 TASKS: dict[str, Callable[..., object]] = {
     "arith": ArithTask,
+    "reverse_text": ReverseTextTask,
     "math": MathTask,
+    "verifiers": _verifiers_task,
 }
 
 
@@ -27,4 +38,4 @@ def make_task(name: str, **kwargs):
     return factory(**kwargs)
 
 
-__all__ = ["ArithTask", "MathTask", "Problem", "TASKS", "make_task"]
+__all__ = ["ArithTask", "MathTask", "Problem", "ReverseTextTask", "TASKS", "make_task"]
