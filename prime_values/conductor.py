@@ -8,7 +8,9 @@ asks them to stop through the control file they all poll.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import sys
@@ -220,10 +222,56 @@ def _terminate_gracefully(signum, frame):
 
 
 def conduct(cfg) -> dict:
+    """The rl stage: prepare the run directory, then run the roles here, or, with launcher.detach, submit a
+    conductor job that runs them and return at once."""
+    run, cfg = prepare(cfg)
+    if cfg.launcher.detach:
+        return detach(run, cfg)
+    signal.signal(signal.SIGTERM, _terminate_gracefully)
+    return run_roles(run, cfg)
+
+
+def detach(run: RunDir, cfg) -> dict:
+    executor = make_executor(cfg.launcher, run.jobs, "conductor", "cpu")
+    with _detached_stdio():
+        job = executor.submit(drive, str(run.root))
+    print(f"prime_values: detached; conductor job {job.job_id} runs the roles of {run.root}\n"
+          f"  follow it:  python -m prime_values.status {run.root}\n"
+          f"  stop it:    python -m prime_values.status {run.root} --stop", flush=True)
+    return {"status": "detached", "run_dir": str(run.root), "conductor_job": str(job.job_id)}
+
+
+@contextlib.contextmanager
+def _detached_stdio():
+    """submitit's local job controller inherits our stdout/stderr: a caller reading them to EOF (a pipe, `| tee`,
+    CI) would wait for the whole detached run. Point them at /dev/null while it is started (the job writes its
+    own log files under jobs/conductor/)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
+def drive(run_dir: str) -> dict:
+    """The conductor job of a detached run: the same loop as an attached conductor, from the run directory."""
+    run = RunDir(run_dir)
+    cfg = OmegaConf.load(run.config)
+    run.register_conductor(watch=cfg.launcher.name == "local")
+    return run_roles(run, cfg)
+
+
+def run_roles(run: RunDir, cfg) -> dict:
     from prime_values.report import format_summary, summarise, write_report
 
-    run, cfg = prepare(cfg)
-    signal.signal(signal.SIGTERM, _terminate_gracefully)
     fleet = Fleet(run, cfg)
     progress = Progress(run, cfg.steps)
     print(f"prime_values: run directory {run.root}", flush=True)
@@ -233,30 +281,47 @@ def conduct(cfg) -> dict:
         summary = summarise(run, status="finished")
         print(format_summary(summary), flush=True)
         return summary
+    from prime_values.wandb_sink import start_forwarder
+
+    sink = start_forwarder(run, cfg)  # forwards metrics/*.jsonl to W&B; a no-op with wandb.mode=disabled
     try:
         warm = fleet.submit("warm_start", "warm_start", cfg.topology.policy_trainer_device)
         while fleet.check() is not warm:
-            progress.show()
-            time.sleep(cfg.launcher.poll_s)
+            _poll(run, progress, cfg)
         fleet.start_roles()
         while (ended := fleet.check()) is None or ended.role != "policy_trainer":
-            progress.show()
-            time.sleep(cfg.launcher.poll_s)
+            _poll(run, progress, cfg)
     except RoleFailed as error:
         reason, failure = "failed", str(error)
     except KeyboardInterrupt:
         reason, failure = "interrupted", "interrupted by the user"
+    except StopRequested as stop:
+        reason, failure = "stopped", str(stop)
     finally:
         fleet.stop(reason, cfg.launcher.stop_grace_s)
     progress.show(final=True)
     summary = summarise(run, status=reason, error=failure)
+    sink.close(summary, exit_code=1 if failure and reason != "stopped" else 0)
     print(format_summary(summary), flush=True)
     try:
         print(f"report               {write_report(run, summary)} (plots next to it)", flush=True)
     except Exception as error:  # a plotting problem must not turn a finished run into a failed one
         print(f"prime_values: could not write the plots ({type(error).__name__}: {error}); "
               f"retry with python -m prime_values.report {run.root}", file=sys.stderr, flush=True)
-    if failure:
+    if failure and reason != "stopped":
         print(f"prime_values: {failure}", file=sys.stderr, flush=True)
         sys.exit(1)
     return summary
+
+
+class StopRequested(Exception):
+    pass
+
+
+def _poll(run: RunDir, progress: Progress, cfg) -> None:
+    """One tick of the conductor's loop: refresh the view, notice a stop asked for from outside
+    (`python -m prime_values.status <run> --stop`), wait."""
+    progress.show()
+    if run.stop_requested():
+        raise StopRequested(f"stop requested through {run.stop_file}")
+    time.sleep(cfg.launcher.poll_s)

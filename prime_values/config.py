@@ -321,6 +321,9 @@ class LauncherConfig:
     up to this many times per role before the run fails (0 = fail the run at the first failure)"""
     restart_backoff_s: float = 2.0
     """wait before a role's first restart; doubled for each further restart of the same role (at most 60 s)"""
+    detach: bool = False
+    """submit a conductor job that runs the roles (restarts, stop, summary) and return at once; follow the run
+    with `python -m prime_values.status <run_dir>`, stop it with `... status <run_dir> --stop` (rl stage only)"""
     partition: Optional[str] = None
     """slurm: partition (null = the cluster's default)"""
     account: Optional[str] = None
@@ -692,6 +695,9 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     if cfg.topology.value_trainer_procs > 1 and cfg.topology.evaluator == "colocated":
         raise ConfigError(f"topology.value_trainer_procs={cfg.topology.value_trainer_procs} needs "
                           "topology.evaluator=dedicated (a colocated evaluator scores inside one process)")
+    from prime_values.wandb_sink import check_wandb
+
+    check_wandb(cfg)
     if cuda_count is None and os.environ.get("PRIME_VALUES_CUDA_COUNT", "").isdigit():
         cuda_count = int(os.environ["PRIME_VALUES_CUDA_COUNT"])  # compose for another machine (e.g. --cfg job)
     if cuda_count is None:

@@ -76,9 +76,15 @@ def status(run_dir: str | Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    stop = "--stop" in argv
+    argv = [a for a in argv if a != "--stop"]
     if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").exists():
-        print("usage: python -m prime_values.status <run_dir>  (a directory holding config.yaml)", file=sys.stderr)
+        print("usage: python -m prime_values.status <run_dir> [--stop]  (a directory holding config.yaml)",
+              file=sys.stderr)
         return 2
+    if stop:  # the conductor (attached or a detached conductor job) sees it, stops every role, writes the summary
+        RunDir(argv[0]).request_stop("stop requested by the user (prime_values.status --stop)")
+        print(f"stop requested: {RunDir(argv[0]).stop_file}")
     print(status(argv[0]))
     return 0
 

@@ -133,3 +133,35 @@ def test_crashing_role_stops_the_run(tmp_path):
     assert json.loads((run_dir / "control" / "restarts.json").read_text())["orchestrator"] == 1
     assert str(run_dir / "jobs" / "orchestrator") in result.stderr  # the role's log path
     assert not processes_mentioning(str(run_dir)), "a role process outlived the failed run"
+
+
+def test_detached_run_is_followed_and_stopped_from_the_run_directory(tmp_path):
+    """launcher.detach=true: the command returns at once, a conductor job runs the roles; `status --stop` ends it
+    cleanly (summary written, every role gone)."""
+    import time
+
+    run_dir = tmp_path / "run"
+    result = run_pipeline(run_dir, "advantage=grpo", "steps=100000", "launcher.detach=true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "detached; conductor job" in result.stdout and f"prime_values.status {run_dir}" in result.stdout
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        latest = run_dir / "weights" / "policy" / "LATEST"
+        if latest.exists() and int(latest.read_text()) >= 3:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError("the detached run made no progress: " + subprocess.run(
+            [sys.executable, "-m", "prime_values.status", str(run_dir)], capture_output=True, text=True,
+            env=env).stdout)
+    shown = subprocess.run([sys.executable, "-m", "prime_values.status", str(run_dir), "--stop"], cwd=REPO, env=env,
+                           capture_output=True, text=True)
+    assert shown.returncode == 0 and "stop requested" in shown.stdout, shown.stderr
+    assert re.search(r"conductor +job \d+ +RUNNING", shown.stdout), shown.stdout
+    summary = run_dir / "report" / "summary.json"
+    while time.time() < deadline and not summary.exists():
+        time.sleep(1)
+    assert json.loads(summary.read_text())["status"] == "stopped"
+    time.sleep(3)
+    assert not processes_mentioning(str(run_dir)), "a role outlived the stopped detached run"

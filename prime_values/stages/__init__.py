@@ -49,6 +49,9 @@ def validate_stages(cfg) -> None:
     if not names and cfg.stage is None:
         raise ConfigError("stages is empty; list at least one of sft, rl, eval, e.g. stages=[rl,eval]")
     run = plan(cfg)
+    if cfg.launcher.detach and run != ["rl"]:
+        raise ConfigError(f"launcher.detach=true detaches the rl stage only, but this runs stages {run}; run them "
+                          "attached, or detach `stage=rl` and run the others after it")
     if run[0] == "eval" and cfg.policy.model == "tiny":
         how = "stage=eval" if cfg.stage else "stages starting with eval"
         raise ConfigError(f"{how} evaluates policy.model, which is 'tiny' (an untrained model); set policy.model=<a "
@@ -179,6 +182,8 @@ def run_stages(cfg) -> dict:
                           "redoing", flush=True)
             if record is None:
                 record = RUNNERS[name](run, cfg, model, upstream, key)
+                if record.get("status") == "detached":
+                    return {name: record}  # launcher.detach: the conductor job runs the rl stage (the only one)
             records[name] = record
             if name in MODEL_STAGES:
                 model, upstream = record["model"], f"{name}@{record['finished_at']}"
@@ -211,6 +216,8 @@ def _run_rl(run, cfg, model, upstream, key) -> dict:
         rl_cfg.policy.warm_start.steps = 0  # the stage before already fine-tuned it
         print(f"stage rl: starts from {model} ({upstream.split('@')[0]} stage; policy.warm_start.steps=0)", flush=True)
     summary = conduct(rl_cfg)
+    if summary.get("status") == "detached":
+        return summary  # the conductor job runs it; a rerun after it finished marks the stage done
     figures = {k: summary.get(k) for k in ("policy_steps", "warm_start_accuracy", "first_rl_step_accuracy",
                                            "final_accuracy", "final_reward_mean", "final_explained_variance",
                                            "critic_version", "wall_s")}
