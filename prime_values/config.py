@@ -270,13 +270,14 @@ class TaskConfig:
     alphabet: str = "abcdefghijklmnopqrstuvwxyz"
     """reverse_text: characters the strings are drawn from (printable, no spaces, no '|')"""
     env_id: str = ""
-    """verifiers: the environment (taskset) id as `verifiers` resolves it: an installed environment package
-    ('reverse-text', 'owner/name@version' installs as 'name'), a built-in taskset, or 'pkg.module:Class' /
-    'path/file.py:Class' naming a Taskset or Env subclass directly"""
+    """verifiers: the environment (taskset) id as `verifiers` resolves it: an importable module exporting its
+    Taskset subclass via __all__ (an installed environment package: 'reverse-text'; 'owner/name@version' installs
+    as 'name') or a built-in taskset"""
     env_args: Dict[str, Any] = field(default_factory=dict)
     """verifiers: the taskset's config fields (its TasksetConfig), e.g. {dataset_split: train}"""
     env_class: str = ""
-    """verifiers: an explicit Env id or 'pkg.module:Class' (default: the taskset's own Env, else single-agent)"""
+    """verifiers: an explicit Env id, e.g. 'user-sim' (default: the Env the taskset's module exports, else the
+    single-agent env)"""
     max_turns: int = 8
     """verifiers: most policy turns per rollout (an agent's own max_turns, when set, is used instead)"""
     privileged_field: str = "answer"
