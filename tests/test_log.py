@@ -347,17 +347,20 @@ def test_undecodable_segments_are_quarantined_and_reading_continues(log, damage,
     assert SegmentWriter(log / "rollouts", "s0", "rollouts").next_seq == 2
 
 
-def test_newer_schema_version_is_rejected_not_quarantined(log, monkeypatch):
+def test_newer_schema_version_is_skipped_not_quarantined(log, monkeypatch, caplog):
     monkeypatch.setattr(segments, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with SegmentWriter(log / "rollouts", "s0", "rollouts") as w:
         w.append(rows(0))
     monkeypatch.undo()
+    with SegmentWriter(log / "rollouts", "s0", "rollouts") as w:
+        w.append(rows(1))  # a current segment after it is still read
     path = log / "rollouts" / "s0" / "000000000000.arrow"
     with pytest.raises(NewerSchemaVersion, match=f"schema_version {SCHEMA_VERSION + 1} is newer.*upgrade"):
         read_segment(path)
-    with pytest.raises(NewerSchemaVersion):
-        LogReader(log / "rollouts", "c", log / "cursors", "rollouts").poll()
-    assert path.exists()
+    reader = LogReader(log / "rollouts", "c", log / "cursors", "rollouts")
+    assert [s.seq for s in reader.poll()] == [1]  # never used, never a crash
+    assert reader.skipped_newer == 1 and reader.quarantined == 0 and caplog.text.count("skipped") == 1
+    assert path.exists()  # left in place for a newer reader
 
 
 def _cursor(log, consumer, n):

@@ -52,8 +52,9 @@ class CorruptSegment(Exception):
 
 
 class NewerSchemaVersion(CorruptSegment):
-    """Written by a newer Prime Values. Not damaged, so readers raise instead of quarantining it:
-    moving it aside would lose good data because of a version skew between roles."""
+    """Written by a newer Prime Values. Not damaged, so readers skip it (one warning, counted in
+    `LogReader.skipped_newer`) instead of quarantining it: moving it aside would lose good data because of a
+    version skew between roles; `read_segment` raises it."""
 
 
 def segment_name(seq: int) -> str:
@@ -340,7 +341,8 @@ class LogReader:
 
     `poll()` advances an in-memory position; `commit()` persists it. Commit after the polled segments
     are processed and a restarted consumer neither skips nor repeats a committed segment.
-    Undecodable segments are quarantined and counted, never raised: one bad file must not stop a run.
+    Undecodable segments are quarantined and counted, never raised: one bad file must not stop a run. A segment
+    of a newer schema version is skipped and counted (`skipped_newer`), never used and never moved.
     """
 
     def __init__(self, stream_dir: Path, consumer: str, cursor_dir: Path, kind: str):
@@ -351,6 +353,7 @@ class LogReader:
         self.next_seq: dict[str, int] = dict(load_cursor(self.cursor_path).get(self.stream, {}))
         self.quarantined = 0  # segments this reader moved to quarantine
         self.vanished = 0  # listed but gone before reading (retention, or another consumer's quarantine)
+        self.skipped_newer = 0  # written by a newer schema version: skipped (never used), left in place
 
     def _unread(self):
         """(mtime, shard, seq) of unread segments: per shard in seq order, merged by publication time."""
@@ -384,8 +387,9 @@ class LogReader:
                 out.append(Segment(shard, seq, path, read_segment(path, self.kind)))
             except FileNotFoundError:
                 self.vanished += 1
-            except NewerSchemaVersion:
-                raise
+            except NewerSchemaVersion as e:  # version skew, not damage: skip it, leave it in place, count it
+                self.skipped_newer += 1
+                log.warning("skipped %s: %s (left in place for a newer reader)", path, e.reason)
             except CorruptSegment as e:
                 self._quarantine(shard, e)
             self.next_seq[shard] = seq + 1

@@ -261,6 +261,13 @@ def already_used(ctx: RoleContext, needs_values: bool) -> tuple[set[str], set[st
     return ids("batches", "rollout_id"), (ids("targets", "group_id") if needs_values else set())
 
 
+def log_health(*readers) -> dict:
+    """Segments the orchestrator's readers could not use: quarantined (damaged) and skipped (newer schema)."""
+    readers = [r for r in readers if r is not None]
+    return {"quarantined_segments": sum(r.quarantined for r in readers),
+            "skipped_newer_segments": sum(r.skipped_newer for r in readers)}
+
+
 def main(run_dir: str) -> None:
     ctx = RoleContext(run_dir, "orchestrator")
     cfg = ctx.cfg
@@ -319,6 +326,7 @@ def main(run_dir: str) -> None:
             newest = latest_version(ctx.run.weights("critic")) if needs_values else None
             ctx.metrics.log(**batch_metrics(step, groups, newest, provenance), dropped_stale=dropped_stale,
                             dropped_warmup=dropped_warmup, waiting_rollouts=join.waiting_rollouts,
+                            **log_health(rollouts, values),
                             ready_groups=len(ready))
             step += 1
         if new or new_values:
