@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from omegaconf import OmegaConf
 
 from prime_values.launch import entry, kill_tree, make_executor, resolve_devices, role_procs
-from prime_values.monitor import MetricsTail
+from prime_values.live import Progress  # the live view (prime_values/live.py)
 from prime_values.rundir import RunDir, write_atomic
 from prime_values.weights import latest_version
 
@@ -150,52 +150,6 @@ def failure_message(role_job: RoleJob, state: str) -> str:
     lines = [line for line in trace.strip().splitlines() if line.strip()]
     last = lines[-1].strip() if lines else text
     return f"role {role_job.name} failed: {last} (full log: {role_job.job.paths.stderr})"
-
-
-def _num(value, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-class Progress:
-    """A refreshed status line on a terminal, a line every few seconds otherwise."""
-
-    def __init__(self, run: RunDir, steps: int):
-        self.steps, self.started = steps, time.time()
-        self.tails = {name: MetricsTail(run.metrics(name))
-                      for name in ("warm_start", "policy_trainer", "orchestrator", "value_trainer")}
-        self.tty = sys.stdout.isatty()
-        self._last_print = 0.0
-        self.clock = time.time  # `prime_values.status` pins it to the last metric of an ended run
-
-    def line(self) -> str:
-        for tail in self.tails.values():
-            tail.read()
-        policy, orch, critic = (self.tails[n].last for n in ("policy_trainer", "orchestrator", "value_trainer"))
-        warm = self.tails["warm_start"].last
-        elapsed = self.clock() - self.started
-        if not policy:
-            if "critic_pretrain_step" in warm:
-                return (f"[{elapsed:6.0f}s] warm start: critic pretraining step {warm['critic_pretrain_step']} "
-                        f"explained variance {_num(warm.get('train_explained_variance'))}")
-            if "sft_step" in warm:
-                return (f"[{elapsed:6.0f}s] warm start: SFT step {warm['sft_step']} loss {_num(warm.get('loss'), 3)}"
-                        f" validation acc {_num(warm.get('sft_val_accuracy'))}")
-            return f"[{elapsed:6.0f}s] starting"
-        parts = [f"[{elapsed:6.0f}s] policy step {policy.get('step', 0)}/{self.steps}",
-                 f"reward {_num(policy.get('reward_mean'))}", f"held-out acc {_num(policy.get('heldout_accuracy'))}"]
-        if "critic_version" in critic:
-            parts.append(f"critic v{critic['critic_version']} EV {_num(orch.get('critic_explained_variance'))}")
-        if "off_policy_max" in orch:
-            parts.append(f"off-policy {_num(orch.get('off_policy_mean'), 1)}/{orch['off_policy_max']}")
-        return " | ".join(parts)
-
-    def show(self, final: bool = False) -> None:
-        now = time.time()
-        if self.tty:
-            print("\r" + self.line().ljust(110), end="\n" if final else "", flush=True)
-        elif final or now - self._last_print >= 10:
-            print(self.line(), flush=True)
-            self._last_print = now
 
 
 def prepare(cfg) -> tuple[RunDir, object]:

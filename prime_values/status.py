@@ -1,9 +1,10 @@
 """`python -m prime_values.status <run_dir>`: where a run stands, from its run directory alone.
 
-Prints the progress line the conductor shows (policy step, reward, held-out accuracy, critic version and
-explained variance, off-policy lag), then one line per role job: its job id and state. Works for a run in
-progress, a finished one, and one whose conductor is gone: local jobs are looked up by pid (a local job's id
-is its pid), SLURM jobs through squeue/sacct (`prime_values.launch.slurm.job_states`).
+Prints the view the conductor shows (`prime_values.live`: policy step and ETA, reward, held-out accuracy,
+critic version and explained variance, off-policy lag, replay, each role's state and throughput), then one
+line per role job: its job id and state. Works for a run in progress, a finished one, and one whose conductor
+is gone: local jobs are looked up by pid (a local job's id is its pid), SLURM jobs through squeue/sacct
+(`prime_values.launch.slurm.job_states`).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def job_lines(run: RunDir, cfg, ended: bool) -> list[str]:
 
 
 def status(run_dir: str | Path) -> str:
-    from prime_values.conductor import Progress
+    from prime_values.live import Progress
 
     run = RunDir(run_dir)
     cfg = OmegaConf.load(run.config)
@@ -71,7 +72,7 @@ def status(run_dir: str | Path) -> str:
         progress.clock = lambda: max(times, default=progress.started)
     head = f"run {run.root} ({cfg.launcher.name}): " + (f"ended, {ended}" if ended else "running") + \
         ("; stop requested" if run.stop_requested() and not ended else "")
-    return "\n".join([head, progress.line(), "jobs:", *job_lines(run, cfg, bool(ended))])
+    return "\n".join([head, *progress.lines(final=bool(ended)), "jobs:", *job_lines(run, cfg, bool(ended))])
 
 
 def main(argv: list[str] | None = None) -> int:
