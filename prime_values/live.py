@@ -302,14 +302,14 @@ class LiveView:
                 summary = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
                 rollouts = sum(self._rate(f"{w}.rollouts").per_s() or 0.0 for w in workers)
                 tokens = sum(self._rate(f"{w}.tokens").per_s() or 0.0 for w in workers)
-                lines.append(f"  {'inference x' + str(len(workers)):<16}{summary:<22}"
+                lines.append(f"  {'inference x' + str(len(workers)):<16}{summary:<23} "
                              f"{_rate(rollouts)} rollouts/s  {_rate(tokens)} tokens/s")
                 continue
             state = self.role_state(name, restarts, final)
             rates = self._throughput(name) if state not in ("waiting", "not started") else ""
             if restarts.get(name):
                 state += f" [{restarts[name]} restart{'s' if restarts[name] > 1 else ''}]"
-            lines.append(f"  {name:<16}{state:<22}{rates}".rstrip())
+            lines.append(f"  {name:<16}{state:<23} {rates}".rstrip())
         return lines
 
     def lines(self, final: bool = False) -> list[str]:

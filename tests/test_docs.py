@@ -1,0 +1,67 @@
+"""Every relative link in README.md and docs/*.md resolves: the file (or folder) exists, and a `#anchor` into a
+markdown file names one of its headings (GitHub's anchor rule). Links inside code blocks are not links."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks and inline code spans."""
+    text = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", text, flags=re.M | re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    found = set()
+    for heading in re.findall(r"^#{1,6}\s+(.*?)\s*#*\s*$", prose(page.read_text()), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(slug)
+    return found
+
+
+def links(page: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(page.read_text()))
+            if not re.match(r"[a-z][a-z0-9+.-]*:", t, flags=re.I)]  # http:, https:, mailto: ...
+
+
+def broken(page: Path) -> list[str]:
+    bad = []
+    for target in links(page):
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        if not resolved.exists():
+            bad.append(f"{target} (no {resolved.relative_to(REPO) if resolved.is_relative_to(REPO) else resolved})")
+        elif anchor and resolved.suffix == ".md" and anchor.lower() not in anchors(resolved):
+            bad.append(f"{target} (no heading #{anchor} in {resolved.name})")
+    return bad
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_resolve(page):
+    assert broken(page) == [], f"broken links in {page.relative_to(REPO)}"
+
+
+def test_the_checker_catches_a_broken_link(tmp_path):
+    page = tmp_path / "page.md"
+    (tmp_path / "there.md").write_text("# A heading\n")
+    page.write_text("[ok](there.md) [ok](there.md#a-heading) [web](https://example.org/x) "
+                    "`[code](nowhere.md)`\n```\n[fenced](nowhere.md)\n```\n"
+                    "[gone](missing.md) [bad anchor](there.md#nope)\n")
+    assert [b.split(" ")[0] for b in broken(page)] == ["missing.md", "there.md#nope"]
+
+
+def test_the_docs_index_links_every_page():
+    index = REPO / "docs" / "README.md"
+    linked = {(index.parent / t.partition("#")[0]).resolve() for t in links(index)}
+    missing = [p.name for p in sorted((REPO / "docs").glob("*.md")) if p != index and p.resolve() not in linked]
+    assert missing == [], f"docs/README.md does not link {missing}"
+    assert "docs/README.md" in links(REPO / "README.md")
