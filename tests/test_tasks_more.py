@@ -284,3 +284,26 @@ def test_verifiers_config_checks(vf_envs, monkeypatch):
     err = precheck(["task=verifiers", "task.env_id=pv_vf_echo"])
     assert err.startswith("task.name=verifiers needs the verifiers package: pip install 'prime_values[verifiers]'")
     assert "\n" not in err
+
+
+@needs_verifiers
+def test_verifiers_failing_episode_keeps_its_group_complete(vf_envs, tiny, monkeypatch):
+    """An environment that raises before any policy turn still gives one row (prompt only, mask 0, reward 0,
+    stop_reason 'error'), so the orchestrator's group of group_size rollouts is complete."""
+    from prime_values.roles.inference import generate_rows
+
+    tokenizer, model = tiny
+    cfg = _cfg(group_size=2, env_id="pv_vf_guess", heldout_size=2)
+    task = make_task(**cfg.task)
+
+    async def broken(task_, agents):
+        raise RuntimeError("engine down")
+
+    monkeypatch.setattr(task.env, "run", broken)
+    problems = task.sample(random.Random(2), 2)
+    rows = generate_rows(task, model, tokenizer, problems, cfg, seed=1, policy_version=0, shard="w0", chunk=0)
+    assert len(rows) == 4 and all(r["stop_reason"] == "error" and r["reward"] == 0.0 for r in rows)
+    for r in rows:
+        problem = problems[int(r["group_id"][-4:])]
+        assert r["token_ids"] == tokenizer.encode("play\n" + problem.prompt, add_special_tokens=False)
+        assert not any(r["policy_mask"]) and "engine down" in r["task"]

@@ -11,6 +11,7 @@ import json
 import random
 import time
 
+from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.rundir import write_atomic
 from prime_values.weights import Adopter, latest_version
@@ -80,7 +81,7 @@ def generate_rows(task, model, tokenizer, problems, cfg, seed: int, policy_versi
     if hasattr(task, "rollout"):
         rollouts = task.rollout(model, tokenizer, problems, num_samples=inf.group_size,
                                 max_new_tokens=inf.max_new_tokens, temperature=inf.temperature, seed=seed)
-        return env_rows(problems, [r for r in rollouts if r.token_ids], policy_version, shard, chunk)
+        return env_rows(problems, rollouts, policy_version, shard, chunk)
     prompt_ids = encode_prompts(tokenizer, problems)
     completions = sample(model, prompt_ids, num_samples=inf.group_size, max_new_tokens=inf.max_new_tokens,
                          temperature=inf.temperature, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
@@ -113,42 +114,52 @@ class WarmupOffset:
 def main(run_dir: str, worker: int = 0) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import load_policy
+    from prime_values.models import load_policy, lora
     from prime_values.tasks import make_task
 
     ctx = RoleContext(run_dir, f"inference{worker}", "inference_device")
     cfg, shard = ctx.cfg, f"w{worker}"
     task = make_task(**cfg.task)
     policy_root = ctx.run.weights("policy")
-    policy = Adopter(policy_root, lambda path: load_policy(path).to(ctx.device))
-    policy.wait(timeout_s=600, stop=ctx.stopping)
+    timers = Timers()
+    policy = Adopter(policy_root, lora.Adopting(load_policy, ctx.device))  # LoRA versions: adapter loaded in place
+    with timers.time("wait"):
+        policy.wait(timeout_s=600, stop=ctx.stopping)
     tokenizer = AutoTokenizer.from_pretrained(policy_root / str(policy.version))
     writer = ctx.writer("rollouts", shard)
     prompts_per_chunk = cfg.inference.prompts_per_step // cfg.topology.inference_workers
     chunk = writer.next_seq  # resumes after the last published segment
     paused_s = 0.0
     warmup = WarmupOffset(ctx)
+    # lockstep (schedule.mode): chunk c waits for policy version c, i.e. max_off_policy = 0
+    max_off_policy = 0 if cfg.schedule.mode == "lockstep" else cfg.schedule.max_off_policy
 
     while not ctx.stopping():
         step = chunk + 1 - warmup.offset(chunk)  # the policy step this chunk is generated for
-        needed = step - 1 - cfg.schedule.max_off_policy
+        needed = step - 1 - max_off_policy
         if not warmup.free_running and (step > cfg.steps or (latest_version(policy_root) or 0) < needed):
             paused = time.time()
             ctx.wait()  # paused: ahead of the policy trainer (or done)
             paused_s += time.time() - paused
+            timers.add("wait", time.time() - paused)
             continue
-        policy.poll()
+        with timers.time("io"):
+            policy.poll()
         started = time.time()
         rng = random.Random(ctx.seed(chunk))
         problems = task.sample(rng, prompts_per_chunk)
-        rows = generate_rows(task, policy.value, tokenizer, problems, cfg, ctx.seed(chunk, 1), policy.version,
-                             shard, chunk)
-        writer.append(rows)
+        with timers.time("compute"):
+            rows = generate_rows(task, policy.value, tokenizer, problems, cfg, ctx.seed(chunk, 1), policy.version,
+                                 shard, chunk)
+        generated = time.time() - started
+        with timers.time("io"):
+            writer.append(rows)
         elapsed = time.time() - started
         new_tokens = sum(sum(r["policy_mask"]) for r in rows)
         ctx.metrics.log(chunk=chunk, for_step=step, warmup=warmup.free_running, policy_version=policy.version,
                         rollouts=len(rows),
                         reward_mean=sum(r["reward"] for r in rows) / len(rows), gen_s=elapsed,
-                        tokens_per_s=new_tokens / max(elapsed, 1e-9), paused_s=paused_s)
+                        tokens_per_s=new_tokens / max(elapsed, 1e-9), paused_s=paused_s,
+                        generate_tokens_per_s=new_tokens / max(generated, 1e-9), **timers.snapshot())
         paused_s = 0.0
         chunk += 1

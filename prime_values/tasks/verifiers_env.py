@@ -30,6 +30,9 @@ suffix the template adds after the conversation so far, plus the generation prom
 (the embedded character tokenizer) uses plain text: a system prompt and a newline, then each user/tool message's
 text as is (the sampled eos separates turns).
 
+An episode whose environment raises is one rollout with ``stop_reason`` ``error`` and reward 0 (a failure before
+any policy turn keeps only the prompt, every token masked), so a group always holds ``group_size`` rollouts.
+
 Not supported here: tool calls (tool-using harnesses and MCP toolsets), rewards that need the runtime box,
 image content. Config keys: ``task.env_id``, ``task.env_args`` (the taskset's config), ``task.env_class``,
 ``task.max_turns``, ``task.privileged_field``, ``task.env_pool``, ``task.heldout_size``, ``task.seed``.
@@ -364,8 +367,15 @@ class _EpisodeRunner:
         finally:
             self.batcher.leave()
         mine = [ex for ex in self.exchanges if ex.trace in episode.traces and ex.trace.agent.trainable]
-        if not mine:
-            return EnvRollout(prompt_index, [], [], [], 0.0, "error", "", error=error or "no trainable trace")
+        if not mine:  # still one row, so the group stays complete: the prompt alone, nothing to train on
+            data, initial = task.data, []
+            if data.system_prompt:
+                initial.append(vf.SystemMessage(content=data.system_prompt))
+            if data.prompt is not None:
+                initial += [vf.UserMessage(content=data.prompt)] if isinstance(data.prompt, str) else list(data.prompt)
+            ids = self.renderer.delta([], initial) or [self.tokenizer.eos_token_id]
+            return EnvRollout(prompt_index, ids, [0] * len(ids), [0.0] * len(ids), 0.0, "error", "",
+                              error=error or "the environment ran no trainable seat")
         if len(mine) > 1:
             log.warning("episode has %d trainable traces; the first is the rollout", len(mine))
         ex = mine[0]
