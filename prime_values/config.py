@@ -58,6 +58,26 @@ class WarmStartConfig:
 
 
 @dataclass
+class LoraSettings:
+    """LoRA (PEFT) for one trainer: the base stays frozen, only low-rank adapters (and the critic's value head)
+    train, and each published version holds only the adapter (docs/lora.md). Needs `pip install
+    'prime_values[lora]'` and one trainer process."""
+
+    enabled: bool = False
+    """train adapters instead of the full model; versions are adapter-only, adopted in place by inference /
+    the evaluator, merged on demand by `python -m prime_values.models.lora merge <version_dir> <out_dir>`"""
+    r: int = 8
+    """adapter rank"""
+    alpha: float = 16.0
+    """LoRA scaling numerator: the update is (alpha / r) * B @ A"""
+    dropout: float = 0.0
+    """dropout on the adapter's input while training (in [0, 1))"""
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"])
+    """names of the linear layers that get adapters (Qwen/Llama naming: attention and MLP projections)"""
+
+
+@dataclass
 class PolicyConfig:
     model: str = "tiny"
     """'tiny' builds the embedded model from `arch`; anything else is a path/name for from_pretrained"""
@@ -86,6 +106,8 @@ class PolicyConfig:
     """rollouts per forward/backward micro-batch (0 = the whole batch at once)"""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """supervised warm start before RL"""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """LoRA adapters for the policy trainer (version 0, the warm start's full model, is the base)"""
 
 
 @dataclass
@@ -145,6 +167,8 @@ class CriticConfig:
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     """hold the policy's first update until the critic is good enough; inference keeps filling the log
     meanwhile (those rollouts train the critic; groups scored before the gate opened never reach a batch)"""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """LoRA adapters for the value trainer (critic version 0 is the base; the value head `score` trains fully)"""
 
 
 @dataclass
@@ -693,6 +717,22 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                           "are left to right")
     for bad in set(cfg.task.ops) - set("+-*"):
         raise ConfigError(f"task.ops={cfg.task.ops!r} contains {bad!r}; use characters from '+-*'")
+    for role, trainer in (("policy", "policy_trainer"), ("critic", "value_trainer")):
+        lora = getattr(cfg, role).lora
+        if not lora.enabled:
+            continue
+        if lora.r < 1 or lora.alpha <= 0 or not 0 <= lora.dropout < 1 or not lora.target_modules:
+            raise ConfigError(f"{role}.lora needs r >= 1, alpha > 0, 0 <= dropout < 1 and some target_modules (got "
+                              f"r={lora.r}, alpha={lora.alpha}, dropout={lora.dropout}, "
+                              f"target_modules={list(lora.target_modules)})")
+        if _get(cfg, f"topology.{trainer}_procs") > 1:
+            raise ConfigError(f"{role}.lora.enabled=true runs in one process; set topology.{trainer}_procs=1 "
+                              f"(LoRA with FSDP is not supported yet)")
+        import importlib.util
+
+        if importlib.util.find_spec("peft") is None:
+            raise ConfigError(f"{role}.lora.enabled=true needs peft: pip install 'prime_values[lora]' "
+                              "(or pip install -e '.[lora]' in a checkout)")
     if cfg.topology.value_trainer_procs > 1 and cfg.topology.evaluator == "colocated":
         raise ConfigError(f"topology.value_trainer_procs={cfg.topology.value_trainer_procs} needs "
                           "topology.evaluator=dedicated (a colocated evaluator scores inside one process)")

@@ -106,6 +106,10 @@ def build_tiny_policy(tokenizer, seed: int = 0, **arch) -> PreTrainedModel:
 
 
 def load_policy(path: str | os.PathLike) -> PreTrainedModel:
+    if (Path(path) / "adapter_config.json").is_file():  # a LoRA version (models/lora.py): merged onto its base
+        from prime_values.models.lora import load_merged
+
+        return load_merged(path, "policy")
     with _quiet():
         model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
@@ -141,6 +145,10 @@ def build_critic(init_from: str | os.PathLike | None, tokenizer, seed: int = 0, 
 
 
 def load_critic(path: str | os.PathLike) -> PreTrainedModel:
+    if (Path(path) / "adapter_config.json").is_file():  # a LoRA version (models/lora.py): merged onto its base
+        from prime_values.models.lora import load_merged
+
+        return load_merged(path, "critic")
     with _quiet():
         model = AutoModelForTokenClassification.from_pretrained(
             str(path), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION

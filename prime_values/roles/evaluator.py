@@ -62,11 +62,11 @@ class Scorer:
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import load_critic
+    from prime_values.models import load_critic, lora
     from prime_values.weights import Adopter
 
     ctx = RoleContext(run_dir, "evaluator", "evaluator_device")
-    critic = Adopter(ctx.run.weights("critic"), lambda path: load_critic(path).to(ctx.device).eval())
+    critic = Adopter(ctx.run.weights("critic"), lora.Adopting(load_critic, ctx.device))  # LoRA: adapter in place
     critic.wait(timeout_s=600, stop=ctx.stopping)
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
     scorer = Scorer(ctx, tokenizer)

@@ -83,7 +83,7 @@ def next_rows(reader: LogReader, ctx: RoleContext, step: int) -> list[dict] | No
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import load_optimizer_state, load_policy, save_model, save_optimizer_state
+    from prime_values.models import load_optimizer_state, lora, save_optimizer_state
     from prime_values.roles.evaluation import heldout_accuracy
     from prime_values.tasks import make_task
 
@@ -92,12 +92,13 @@ def main(run_dir: str) -> None:
     group = dist.setup(cfg.topology.policy_trainer_procs, ctx.device, cfg.launcher.timeout_min)
     device = group.device  # ctx.device, or this rank's GPU
     # the newest version that loads (a damaged one is moved aside and redone); rank 0 decides
-    start, loaded = resume(policy_root, load_policy) if group.main else (None, None)
+    load = lora.trainer_loader(cfg.policy.lora, "policy", ctx.seed(7))  # LoRA: base + adapter (models/lora.py)
+    start, loaded = resume(policy_root, load) if group.main else (None, None)
     start = dist.broadcast(start)
     assert start is not None, f"no policy version in {policy_root}: the warm-start job publishes version 0"
-    model = dist.shard((loaded if group.main else load_policy(version_dir(policy_root, start))).to(device).train())
+    model = dist.shard((loaded if group.main else load(version_dir(policy_root, start))).to(device).train())
     tokenizer = AutoTokenizer.from_pretrained(version_dir(policy_root, 0))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
+    optimizer = torch.optim.AdamW(lora.trainable(model), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
     if start > 0:  # TODO(dist): sharded optimizer state (dist.optimizer_state / restore_optimizer_state)
         ctx.log.info("resuming after version %d: %s", start,
                      load_optimizer_state(optimizer, version_dir(policy_root, start)) if group.world == 1
@@ -105,7 +106,7 @@ def main(run_dir: str) -> None:
     every = cfg.log.optimizer_state_every
 
     def save(path) -> None:
-        save_model(full, tokenizer, path)
+        lora.saver(cfg.policy.lora)(full, tokenizer, path)  # adapter-only with LoRA
         if every and step % every == 0 and group.world == 1:
             save_optimizer_state(optimizer, path)
     task = make_task(**cfg.task)
@@ -134,7 +135,7 @@ def main(run_dir: str) -> None:
             continue
         publish(policy_root, step, save)
         reader.commit()
-        prune(policy_root, keep=cfg.log.keep_weights)
+        prune(policy_root, keep=cfg.log.keep_weights, protect=lora.protected(full))
         versions = [r["policy_version"] for r in rows]
         ctx.metrics.log(step=step, **stats, reward_mean=sum(r["reward"] for r in rows) / len(rows),
                         off_policy_max=max((step - 1) - v for v in versions), wait_s=began - waited,

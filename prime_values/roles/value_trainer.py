@@ -56,19 +56,20 @@ def restore_replay(ctx: RoleContext, buffer: ReplayBuffer, critic_dir, reader: L
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import load_critic, load_optimizer_state, save_model, save_optimizer_state
+    from prime_values.models import load_optimizer_state, lora, save_optimizer_state
     from prime_values.roles.evaluator import Scorer
 
     ctx = RoleContext(run_dir, "value_trainer", "value_trainer_device")
     cfg, critic_root = ctx.cfg, ctx.run.weights("critic")
     group = dist.setup(cfg.topology.value_trainer_procs, ctx.device, cfg.launcher.timeout_min)
     device = group.device  # ctx.device, or this rank's GPU
-    version, loaded = resume(critic_root, load_critic) if group.main else (None, None)
+    load = lora.trainer_loader(cfg.critic.lora, "critic", ctx.seed(7))  # LoRA: base + adapter (models/lora.py)
+    version, loaded = resume(critic_root, load) if group.main else (None, None)
     version = dist.broadcast(version)
     assert version is not None, f"no critic version in {critic_root}: the warm-start job publishes version 0"
-    critic = dist.shard((loaded if group.main else load_critic(version_dir(critic_root, version))).to(device).train())
+    critic = dist.shard((loaded if group.main else load(version_dir(critic_root, version))).to(device).train())
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
-    optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
+    optimizer = torch.optim.AdamW(lora.trainable(critic), lr=cfg.critic.lr)
     if version > 0:  # TODO(dist): sharded optimizer state (dist.optimizer_state / restore_optimizer_state)
         ctx.log.info("resuming after critic version %d: %s", version,
                      load_optimizer_state(optimizer, version_dir(critic_root, version)) if group.world == 1
@@ -83,7 +84,7 @@ def main(run_dir: str) -> None:
         restore_replay(ctx, buffer, version_dir(critic_root, version), reader)
 
     def save(path) -> None:
-        save_model(full, tokenizer, path)
+        lora.saver(cfg.critic.lora)(full, tokenizer, path)  # adapter-only with LoRA
         (path / REPLAY_SNAPSHOT).write_bytes(dump_snapshot(buffer.snapshot()))
         # the newest policy version this critic has trained on: the orchestrator's value-staleness metric
         (path / TRAINED_ON).write_text(json.dumps({"newest_policy_version": buffer.newest_policy_version}))
@@ -117,7 +118,7 @@ def main(run_dir: str) -> None:
                 full = dist.unsharded(critic)  # the critic itself with one process
                 if group.main:
                     publish(critic_root, version, save)
-                    prune(critic_root, keep=cfg.log.keep_weights)
+                    prune(critic_root, keep=cfg.log.keep_weights, protect=lora.protected(full))
             if not group.main:
                 continue
             ctx.metrics.log(critic_step=steps, critic_version=version, **stats, step_s=time.time() - began,
