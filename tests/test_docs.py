@@ -1,5 +1,6 @@
-"""Every relative link in README.md and docs/*.md resolves: the file (or folder) exists, and a `#anchor` into a
-markdown file names one of its headings (GitHub's anchor rule). Links inside code blocks are not links."""
+"""Every relative link in README.md, docs/*.md and recipes/*.md resolves: the file (or folder) exists, and a
+`#anchor` into a markdown file names one of its headings (GitHub's anchor rule). Links inside code blocks are
+not links."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "recipes").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
 
