@@ -79,7 +79,23 @@ def gae_loop(rewards, values, policy_mask, gamma, lam, bootstrap, cut):
     return advantages, returns
 
 
-def main(argv: list[str] | None = None) -> float:
+def bench_rows(smoke: bool = False) -> list[dict]:
+    """The row of `python -m bench` (bench/run_all.py): per-timestep loop time / vectorised GAE time, paired per
+    repetition (the loop's time scaled to the whole batch)."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = main(["--smoke"] if smoke else [], detail=True)
+    xs = [loop / fast for fast, loop in zip(out["fast"], out["loop"])]
+    return [{"measure": f"GAE: vectorised vs per-timestep loop ({out['shape']})",
+             "ours": statistics.median(out["fast"]),
+             "baseline": statistics.median(out["loop"]), "unit": "s", "ratio": statistics.median(xs),
+             "spread": [min(xs), max(xs)], "goal": f">= {GOAL:g}", "met": statistics.median(xs) >= GOAL,
+             "reps": len(xs)}]
+
+
+def main(argv: list[str] | None = None, detail: bool = False):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (a second or two)")
     parser.add_argument("--rollouts", type=int, default=1024)
@@ -120,6 +136,9 @@ def main(argv: list[str] | None = None) -> float:
     verdict = "met" if ratio >= GOAL else "NOT met"
     note = "  (smoke sizes: per-call overheads dominate, the ratio means nothing)" if args.smoke else ""
     print(f"ratio loop / fast: {ratio:.1f}x  [goal >= {GOAL:g}x: {verdict}]{note}")
+    if detail:
+        return {"fast": fast_times, "loop": [t * args.rollouts / k for t in loop_times],
+                "shape": f"{args.rollouts} rollouts x {args.tokens} tokens"}
     return ratio
 
 

@@ -215,7 +215,8 @@ def med(xs):
     return f"{statistics.median(xs):8.2f} [{min(xs):.2f}-{max(xs):.2f}]"
 
 
-def main():
+def measure(argv: list[str] | None = None):
+    """Parse `argv`, run the throughput and latency measurements; returns (args, res, lat)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir; put it on the run's filesystem)")
@@ -225,7 +226,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--lat-segments", type=int, default=200)
     ap.add_argument("--lat-interval", type=float, default=0.05)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.smoke:
         args.reps, args.segments, args.per_segment, args.tokens = 2, 3, 8, 128
         args.lat_segments, args.lat_interval = 5, 0.02
@@ -235,6 +236,41 @@ def main():
         lat = latency(args, base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    args.base = base
+    return args, res, lat
+
+
+def paired(res, a: str, b: str) -> list[float]:
+    """Per repetition: time(b) / time(a) of write+read (how many times faster a is than b)."""
+    t = {m: [r[0] + r[1] for r in runs] for m, runs in res.items()}
+    return [x / y for x, y in zip(t[b], t[a])]
+
+
+def bench_rows(smoke: bool = False) -> list[dict]:
+    """The rows of `python -m bench` (bench/run_all.py): log vs raw disk, vs JSONL, and publish latency."""
+    args, res, lat = measure(["--smoke"] if smoke else [])
+    rows = []
+    for method, base, goal in (("arrow", "raw", 0.5), ("arrow", "jsonl", 10.0), ("arrow-list", "jsonl", 10.0)):
+        xs = paired(res, method, base)
+        n_rec = 2 * args.segments * args.per_segment
+
+        def rate(m):  # MB/s of the method's own bytes against raw disk, krecords/s against another format
+            return statistics.median((r[2] / 1e6 if base == "raw" else n_rec / 1e3) / (r[0] + r[1]) for r in res[m])
+        rows.append({"measure": f"log: {method} vs {base} (write+read {'MB' if base == 'raw' else 'krecords'}/s)",
+                     "ours": rate(method), "baseline": rate(base), "unit": "MB/s" if base == "raw" else "krec/s",
+                     "ratio": statistics.median(xs),
+                     "spread": [min(xs), max(xs)], "goal": f">= {goal:g}", "met": statistics.median(xs) >= goal,
+                     "reps": len(xs)})
+    p50 = float(np.percentile(lat, 50))
+    rows.append({"measure": "log: publish -> seen latency p50 (ms)", "ours": p50, "baseline": None, "unit": "ms",
+                 "ratio": None, "spread": [float(lat.min()), float(lat.max())], "goal": "p50 <= 50 ms",
+                 "met": p50 <= 50, "reps": len(lat)})
+    return rows
+
+
+def main():
+    args, res, lat = measure()
+    base = args.base
 
     n_rec = 2 * args.segments * args.per_segment
     arrow_mb = res["arrow"][0][2] / 1e6

@@ -162,6 +162,9 @@ class CriticConfig:
     """rollouts per scoring forward pass in the evaluator"""
     throttle_s: float = 0.0
     """sleep after every critic optimizer step (a benchmark knob that simulates a slow critic)"""
+    throttle_factor: float = 0.0
+    """sleep this many times each critic optimizer step's own duration after it (9 = a critic 10x slower; a
+    benchmark knob that simulates a slow critic whatever the machine)"""
     warm_start: CriticWarmStartConfig = field(default_factory=CriticWarmStartConfig)
     """critic pretraining in the warm-start job"""
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
@@ -329,6 +332,14 @@ class ScheduleConfig:
     max_off_policy: int = 1
     """a rollout from policy version v is admitted to batch n only while (n - 1) - v <= this (0 = on-policy);
     inference pauses rather than generate what could never be admitted"""
+    mode: str = "async"
+    """'async': every role runs ahead as far as the data allows; 'lockstep': the synchronous PPO schedule with the
+    same roles: batch n is generated only after policy version n - 1 is published (max_off_policy = 0), its
+    rollouts are scored only by a critic trained on batch n - 1's targets, then the policy trains on batch n
+    (docs/benchmarks.md, "Async vs lockstep")"""
+    lockstep_critic_steps: int = 4
+    """lockstep: critic optimizer steps on each batch's targets (minibatches of critic.batch_rollouts) before
+    the value trainer publishes the one critic version that scores the next batch"""
 
 
 @dataclass

@@ -54,3 +54,40 @@ def read_metrics(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class Timers:
+    """Where a role's wall time goes, cumulative since the role started: `compute` (its own work), `wait`
+    (waiting for input: a batch, rollouts, values, a policy or critic version) and `io` (log and weights reads
+    and writes). `timers.time("io")` is a context manager; `snapshot()` gives the metric fields every role logs
+    (`compute_s`, `wait_s`, `io_s`, `role_wall_s`), from which `report.time_fractions` computes fractions."""
+
+    KINDS = ("compute", "wait", "io")
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.totals = dict.fromkeys(self.KINDS, 0.0)
+
+    def add(self, kind: str, seconds: float) -> None:
+        self.totals[kind] += seconds
+
+    def time(self, kind: str):
+        return _Span(self, kind)
+
+    def snapshot(self) -> dict:
+        return {**{f"{k}_s": round(v, 4) for k, v in self.totals.items()},
+                "role_wall_s": round(time.time() - self.started, 4)}
+
+
+class _Span:
+    __slots__ = ("timers", "kind", "began")
+
+    def __init__(self, timers: Timers, kind: str):
+        self.timers, self.kind = timers, kind
+
+    def __enter__(self):
+        self.began = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.timers.add(self.kind, time.perf_counter() - self.began)

@@ -123,7 +123,7 @@ def plot_run(run: RunDir | str | Path) -> list[Path]:
         ("scoring (evaluator; inside the value trainer when colocated)", "seconds since start",
          [("states/s", _series(m["evaluator"] + m["value_trainer"], "time", "states_per_s", t0))]),
         ("policy trainer per step", "policy step", [("train s", _series(steps, "step", "train_s")),
-                                                    ("waiting for a batch s", _series(steps, "step", "wait_s"))]),
+                                                    ("waiting for a batch s", _series(steps, "step", "step_wait_s"))]),
         ("value trainer per step", "critic step", [("step s", _series(critic, "critic_step", "step_s"))]),
     ])
     return paths

@@ -18,6 +18,33 @@ def _mean(values):
     return sum(values) / len(values) if values else None
 
 
+TIMED_ROLES = ("policy_trainer", "inference0", "evaluator", "orchestrator", "value_trainer")
+
+
+def time_fractions(run: RunDir | str | Path) -> dict[str, dict[str, float]]:
+    """Per role, the fraction of its wall time spent computing, waiting for input and on log/weights I/O
+    (`compute_s`, `wait_s`, `io_s` over `role_wall_s` in the role's last metrics record that has them;
+    prime_values.monitor.Timers). Roles that logged no timers are left out."""
+    run = run if isinstance(run, RunDir) else RunDir(run)
+    out = {}
+    names = [p.stem for p in (run.root / "metrics").glob("*.jsonl")]
+    for name in sorted(names, key=lambda n: (TIMED_ROLES.index(n) if n in TIMED_ROLES else len(TIMED_ROLES), n)):
+        timed = [m for m in read_metrics(run.metrics(name)) if m.get("role_wall_s")]
+        if timed:
+            last = timed[-1]
+            out[name] = {k: last[f"{k}_s"] / last["role_wall_s"] for k in ("compute", "wait", "io")}
+            out[name]["wall_s"] = last["role_wall_s"]
+    return out
+
+
+def format_time_fractions(fractions: dict[str, dict[str, float]], indent: str = "") -> list[str]:
+    """One line per role: 'policy_trainer  compute 41%  wait 55%  io 3%  other 1%  (of 80 s)'; other = start-up
+    (model loading) and what no timer covers."""
+    return [f"{indent}{name:<15} compute {f['compute']:4.0%}  wait {f['wait']:4.0%}  io {f['io']:4.0%}  "
+            f"other {max(0.0, 1 - f['compute'] - f['wait'] - f['io']):4.0%}  (of {f['wall_s']:.0f} s)"
+            for name, f in fractions.items()]
+
+
 def summarise(run: RunDir | str | Path, status: str = "finished", error: str | None = None) -> dict:
     run = run if isinstance(run, RunDir) else RunDir(run)
     policy = read_metrics(run.metrics("policy_trainer"))
@@ -46,6 +73,7 @@ def summarise(run: RunDir | str | Path, status: str = "finished", error: str | N
         "wall_s": (last_time - first_time) if first_time and last_time else None,
         "policy_weights": str(run.weights("policy") / str(policy_version)) if policy_version is not None else None,
         "critic_weights": str(run.weights("critic") / str(critic_version)) if critic_version is not None else None,
+        "time_fractions": time_fractions(run),
         "written_at": time.time(),
     }
     run.report.mkdir(parents=True, exist_ok=True)
@@ -69,10 +97,21 @@ def format_summary(s: dict) -> str:
         f"reward (last {EV_WINDOW} steps) {_fmt(s['final_reward_mean'])}",
         f"critic               version {s['critic_version']} after {s['critic_steps']} steps, explained variance "
         f"on fresh rollouts (last {EV_WINDOW} batches) {_fmt(s['final_explained_variance'])}",
+        *_time_lines(s.get("time_fractions")),
         f"policy weights       {s['policy_weights']}",
         f"critic weights       {s['critic_weights']}",
         f"summary              {s['run_dir']}/report/summary.json",
     ])
+
+
+def _time_lines(fractions) -> list[str]:
+    """The summary's "where the time goes" lines; the policy trainer's waiting fraction is the headline."""
+    if not fractions:
+        return []
+    head = fractions.get("policy_trainer")
+    first = f"where the time goes   policy trainer waits {head['wait']:.0%} of its wall time for batches" if head \
+        else "where the time goes"
+    return [first, *format_time_fractions(fractions, indent="  ")]
 
 
 def write_report(run: RunDir | str | Path, summary: dict) -> Path:

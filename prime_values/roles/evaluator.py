@@ -11,6 +11,7 @@ import time
 import torch
 
 from prime_values.log import to_rows
+from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import CriticInputs
 
@@ -18,44 +19,62 @@ from prime_values.roles.critic_io import CriticInputs
 class Scorer:
     """Tails the rollout log and appends one values segment per scored batch of rollouts."""
 
-    def __init__(self, ctx: RoleContext, tokenizer, consumer: str = "evaluator"):
+    def __init__(self, ctx: RoleContext, tokenizer, consumer: str = "evaluator", timers: Timers | None = None):
         self.ctx, self.cfg, self.tokenizer = ctx, ctx.cfg, tokenizer
         self.reader = ctx.reader("rollouts", consumer)
         self.writer = ctx.writer("values", "e0")
         self.scored = 0
+        self.timers = timers or Timers()
+        self.lockstep = ctx.cfg.schedule.mode == "lockstep"
+        self.pending = []  # lockstep: polled segments waiting for a critic that trained on the previous batch
+
+    def needed_version(self) -> int:
+        """lockstep: rollouts of policy version v (batch v + 1) are scored by critic version >= v, the one the
+        value trainer published after training on batch v's targets (critic version 0 scores batch 1)."""
+        return max(max(segment.table.column("policy_version").to_pylist()) for segment in self.pending)
 
     @torch.no_grad()
     def score_pending(self, critic, critic_version: int, max_segments: int = 4) -> int:
         """Score what has arrived since the last call; returns the number of rollouts scored."""
-        segments = self.reader.poll(max_segments=max_segments)
+        with self.timers.time("io"):
+            segments = self.pending + self.reader.poll(max_segments=max_segments)
         if not segments:
             return 0
+        if self.lockstep:
+            self.pending = segments
+            if critic_version < self.needed_version():
+                return 0  # lockstep: wait for the critic trained on the previous batch's targets
+            self.pending = []
         started = time.time()
         rows = [row for segment in segments for row in to_rows(segment.table)]
         was_training = critic.training
         critic.eval()
         out = []
-        for begin in range(0, len(rows), self.cfg.critic.score_batch_rollouts):
-            chunk = rows[begin: begin + self.cfg.critic.score_batch_rollouts]
-            inputs = CriticInputs(chunk, self.tokenizer, self.cfg.critic.template, self.cfg.critic.privileged,
-                                  self.cfg.critic.max_length, self.ctx.device)
-            values = inputs.values(critic, self.cfg.critic.loss).float().cpu()
-            now = time.time()
-            for b, row in enumerate(chunk):
-                out.append({"rollout_id": row["rollout_id"], "critic_version": critic_version,
-                            "values": values[b, : len(row["token_ids"])].tolist(), "cut": inputs.cut[b],
-                            "valued_tokens": inputs.valued_tokens[b],
-                            "bootstrap_value": float(inputs.bootstrap[b]) if inputs.cut[b] else 0.0,
-                            "scored_at": now})
+        with self.timers.time("compute"):
+            for begin in range(0, len(rows), self.cfg.critic.score_batch_rollouts):
+                chunk = rows[begin: begin + self.cfg.critic.score_batch_rollouts]
+                inputs = CriticInputs(chunk, self.tokenizer, self.cfg.critic.template, self.cfg.critic.privileged,
+                                      self.cfg.critic.max_length, self.ctx.device)
+                values = inputs.values(critic, self.cfg.critic.loss).float().cpu()
+                now = time.time()
+                for b, row in enumerate(chunk):
+                    out.append({"rollout_id": row["rollout_id"], "critic_version": critic_version,
+                                "values": values[b, : len(row["token_ids"])].tolist(), "cut": inputs.cut[b],
+                                "valued_tokens": inputs.valued_tokens[b],
+                                "bootstrap_value": float(inputs.bootstrap[b]) if inputs.cut[b] else 0.0,
+                                "scored_at": now})
         critic.train(was_training)
-        self.writer.append(out)
-        self.reader.commit()
+        scored = time.time() - started
+        with self.timers.time("io"):
+            self.writer.append(out)
+            self.reader.commit()
         self.scored += len(rows)
         elapsed = time.time() - started
         tokens = sum(len(r["token_ids"]) for r in rows)
         self.ctx.metrics.log(scored=len(rows), scored_total=self.scored, critic_version=critic_version,
                              score_s=elapsed, states_per_s=tokens / max(elapsed, 1e-9),
-                             quarantined=self.reader.quarantined)
+                             forward_states_per_s=tokens / max(scored, 1e-9),
+                             quarantined=self.reader.quarantined, **self.timers.snapshot())
         return len(rows)
 
 
@@ -66,11 +85,15 @@ def main(run_dir: str) -> None:
     from prime_values.weights import Adopter
 
     ctx = RoleContext(run_dir, "evaluator", "evaluator_device")
+    timers = Timers()
     critic = Adopter(ctx.run.weights("critic"), lora.Adopting(load_critic, ctx.device))  # LoRA: adapter in place
-    critic.wait(timeout_s=600, stop=ctx.stopping)
+    with timers.time("wait"):
+        critic.wait(timeout_s=600, stop=ctx.stopping)
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
-    scorer = Scorer(ctx, tokenizer)
+    scorer = Scorer(ctx, tokenizer, timers=timers)
     while not ctx.stopping():
-        critic.poll()  # adopt a newer critic version between scoring batches
+        with timers.time("io"):
+            critic.poll()  # adopt a newer critic version between scoring batches
         if not scorer.score_pending(critic.value, critic.version):
-            ctx.wait()
+            with timers.time("wait"):
+                ctx.wait()

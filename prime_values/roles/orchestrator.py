@@ -19,6 +19,7 @@ import torch
 from prime_values.algo.gae import (adaptive_lambda, advantages_and_targets, explained_variance, grpo_advantages,
                                    tether_advantages, whiten)
 from prime_values.log import to_rows
+from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import padded
 from prime_values.rundir import write_atomic
@@ -271,7 +272,9 @@ def log_health(*readers) -> dict:
 def main(run_dir: str) -> None:
     ctx = RoleContext(run_dir, "orchestrator")
     cfg = ctx.cfg
+    timers = Timers()
     needs_values = cfg.advantage.estimator != "grpo"
+    max_off_policy = 0 if cfg.schedule.mode == "lockstep" else cfg.schedule.max_off_policy
     rollouts = ctx.reader("rollouts", "orchestrator")
     values = ctx.reader("values", "orchestrator.values") \
         if needs_values else None
@@ -291,9 +294,11 @@ def main(run_dir: str) -> None:
     dropped_stale = dropped_warmup = 0
 
     while not ctx.stopping():
-        new = rollouts.poll()
+        with timers.time("io"):
+            new = rollouts.poll()
+            new_values = values.poll() if values else []
+        began = time.perf_counter()
         join.add_rollouts(_tagged(new))
-        new_values = values.poll() if values else []
         join.add_values(_tagged(new_values))
         complete = join.pop_complete()
         scored_rows = []
@@ -312,27 +317,35 @@ def main(run_dir: str) -> None:
                     ctx.metrics.log(warmup_done=True, warmup_rollouts=gate.scored)
             if group_values is not None and group_rollouts[0]["group_id"] not in targeted:
                 scored_rows += target_rows(group_rollouts, group_values, scored)
+        timers.add("compute", time.perf_counter() - began)
         if scored_rows:
-            targets.append(scored_rows)
+            with timers.time("io"):
+                targets.append(scored_rows)
         while step <= cfg.steps and ready:
             # drop groups that became too stale for this step; keep the freshest-first order of arrival
-            while ready and (step - 1) - ready[0]["rollouts"][0]["policy_version"] > cfg.schedule.max_off_policy:
+            while ready and (step - 1) - ready[0]["rollouts"][0]["policy_version"] > max_off_policy:
                 ready.popleft()
                 dropped_stale += cfg.inference.group_size
             if len(ready) < cfg.inference.prompts_per_step:
                 break
             groups = [ready.popleft() for _ in range(cfg.inference.prompts_per_step)]
-            batches.append(batch_rows(step, groups, cfg.advantage.whiten))
+            with timers.time("compute"):
+                rows = batch_rows(step, groups, cfg.advantage.whiten)
+            with timers.time("io"):
+                batches.append(rows)
             newest = latest_version(ctx.run.weights("critic")) if needs_values else None
             ctx.metrics.log(**batch_metrics(step, groups, newest, provenance), dropped_stale=dropped_stale,
                             dropped_warmup=dropped_warmup, waiting_rollouts=join.waiting_rollouts,
                             **log_health(rollouts, values),
-                            ready_groups=len(ready))
+                            ready_groups=len(ready), **timers.snapshot())
             step += 1
         if new or new_values:
-            held = [r for g in join.groups.values() for r in g] + [r for g in ready for r in g["rollouts"]]
-            rollouts.commit(hold=held_positions(held))
-            if values:
-                values.commit(hold=held_positions([*join.values.values(), *(v for g in ready for v in g["values"])]))
+            with timers.time("io"):
+                held = [r for g in join.groups.values() for r in g] + [r for g in ready for r in g["rollouts"]]
+                rollouts.commit(hold=held_positions(held))
+                if values:
+                    values.commit(hold=held_positions([*join.values.values(),
+                                                       *(v for g in ready for v in g["values"])]))
         else:
-            ctx.wait()
+            with timers.time("wait"):
+                ctx.wait()

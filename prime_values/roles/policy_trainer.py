@@ -12,6 +12,7 @@ import torch
 from prime_values import dist
 from prime_values.algo.losses import ppo_clip_loss, prob_diff_mask_loss, token_logprobs
 from prime_values.log import LogReader, to_rows
+from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import attention_mask, padded
 from prime_values.weights import prune, publish, resume, version_dir
@@ -54,22 +55,25 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
     return stats_sum
 
 
-def next_batch(reader: LogReader, ctx: RoleContext):
+def next_batch(reader: LogReader, ctx: RoleContext, timers: Timers | None = None):
     """Block until the next batch segment is published (or the run stops)."""
+    timers = timers or Timers()
     while not ctx.stopping():
-        segments = reader.poll(max_segments=1)
+        with timers.time("io"):
+            segments = reader.poll(max_segments=1)
         if segments:
             return segments[0]
-        ctx.wait(0.01)
+        with timers.time("wait"):
+            ctx.wait(0.01)
     return None
 
 
-def next_rows(reader: LogReader, ctx: RoleContext, step: int) -> list[dict] | None:
+def next_rows(reader: LogReader, ctx: RoleContext, step: int, timers: Timers | None = None) -> list[dict] | None:
     """The rows of batch `step` (None when the run stops). Batches of earlier steps are committed and skipped:
     a trainer restarted after publishing version n but before committing batch n meets batch n again, and its
     update is already in the published weights."""
     while True:
-        segment = next_batch(reader, ctx)
+        segment = next_batch(reader, ctx, timers)
         if segment is None:
             return None
         rows = to_rows(segment.table)
@@ -88,6 +92,7 @@ def main(run_dir: str) -> None:
     from prime_values.tasks import make_task
 
     ctx = RoleContext(run_dir, "policy_trainer", "policy_trainer_device")
+    timers = Timers()
     cfg, policy_root = ctx.cfg, ctx.run.weights("policy")
     group = dist.setup(cfg.topology.policy_trainer_procs, ctx.device, cfg.launcher.timeout_min)
     device = group.device  # ctx.device, or this rank's GPU
@@ -115,9 +120,11 @@ def main(run_dir: str) -> None:
     reader = ctx.reader("batches", "policy_trainer") if group.main else None
 
     def evaluate(step: int, full) -> None:  # full: the whole model (rank 0's unsharded copy when sharded)
-        accuracy = heldout_accuracy(full.to(device).eval(), tokenizer, task, heldout, cfg.inference.max_new_tokens)
+        with timers.time("compute"):
+            accuracy = heldout_accuracy(full.to(device).eval(), tokenizer, task, heldout,
+                                        cfg.inference.max_new_tokens)
         model.train()
-        ctx.metrics.log(step=step, heldout_accuracy=accuracy)
+        ctx.metrics.log(step=step, heldout_accuracy=accuracy, **timers.snapshot())
 
     if start == 0:
         full = dist.unsharded(model)
@@ -125,21 +132,23 @@ def main(run_dir: str) -> None:
             evaluate(0, full)  # the accuracy at the first RL step, before any update
     for step in range(start + 1, cfg.steps + 1):
         waited = time.time()
-        rows = dist.broadcast(next_rows(reader, ctx, step) if group.main else None)
+        rows = dist.broadcast(next_rows(reader, ctx, step, timers) if group.main else None)
         if rows is None:
             return dist.teardown()
         began = time.time()
-        stats = train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, device)
-        full = dist.unsharded(model)  # the model itself with one process
+        with timers.time("compute"):
+            stats = train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, device)
+            full = dist.unsharded(model)  # the model itself with one process
         if not group.main:
             continue
-        publish(policy_root, step, save)
-        reader.commit()
-        prune(policy_root, keep=cfg.log.keep_weights, protect=lora.protected(full))
+        with timers.time("io"):
+            publish(policy_root, step, save)
+            reader.commit()
+            prune(policy_root, keep=cfg.log.keep_weights, protect=lora.protected(full))
         versions = [r["policy_version"] for r in rows]
         ctx.metrics.log(step=step, **stats, reward_mean=sum(r["reward"] for r in rows) / len(rows),
-                        off_policy_max=max((step - 1) - v for v in versions), wait_s=began - waited,
-                        train_s=time.time() - began, rollouts=len(rows))
+                        off_policy_max=max((step - 1) - v for v in versions), step_wait_s=began - waited,
+                        train_s=time.time() - began, rollouts=len(rows), **timers.snapshot())
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate(step, full)
     if group.main:

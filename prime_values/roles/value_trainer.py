@@ -9,6 +9,7 @@ also serves the value evaluator, and scoring goes first: it is on the policy's p
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 
@@ -16,6 +17,7 @@ import torch
 
 from prime_values import dist
 from prime_values.log import LogReader, to_rows
+from prime_values.monitor import Timers
 from prime_values.replay import IngestQueue, ReplayBuffer, dump_snapshot, load_snapshot
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import critic_step
@@ -53,6 +55,21 @@ def restore_replay(ctx: RoleContext, buffer: ReplayBuffer, critic_dir, reader: L
     ctx.log.info("replay buffer rebuilt from %d logged rollouts: %s", len(rows), outcome)
 
 
+def lockstep_plan(rows: list[dict], batch_rollouts: int, steps: int, seed: int) -> list[list[dict]]:
+    """schedule.mode=lockstep: the critic minibatches trained on one batch's targets before the next publication,
+    `steps` minibatches of `batch_rollouts` drawn in shuffled passes over the batch's rows."""
+    rng, order, plan = random.Random(seed), [], []
+    for _ in range(steps):
+        batch = []
+        while len(batch) < min(batch_rollouts, len(rows)):
+            if not order:
+                order = list(range(len(rows)))
+                rng.shuffle(order)
+            batch.append(rows[order.pop()])
+        plan.append(batch)
+    return plan
+
+
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
@@ -60,6 +77,7 @@ def main(run_dir: str) -> None:
     from prime_values.roles.evaluator import Scorer
 
     ctx = RoleContext(run_dir, "value_trainer", "value_trainer_device")
+    timers = Timers()
     cfg, critic_root = ctx.cfg, ctx.run.weights("critic")
     group = dist.setup(cfg.topology.value_trainer_procs, ctx.device, cfg.launcher.timeout_min)
     device = group.device  # ctx.device, or this rank's GPU
@@ -93,38 +111,63 @@ def main(run_dir: str) -> None:
     stop = threading.Event()
     if group.main:
         threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
-    scorer = Scorer(ctx, tokenizer) if cfg.topology.evaluator == "colocated" else None  # one process only
+    scorer = Scorer(ctx, tokenizer, timers=timers) if cfg.topology.evaluator == "colocated" else None  # one process
+    # lockstep (schedule.mode): critic version v + 1 is trained on batch v + 1's targets alone (the rollouts of
+    # policy version v), lockstep_critic_steps minibatches, then published; the evaluator waits for it
+    lockstep = cfg.schedule.mode == "lockstep"
+    per_batch = cfg.inference.prompts_per_step * cfg.inference.group_size
+    by_version: dict[int, list[dict]] = {}
+    plan: list[list[dict]] = []
     steps = 0
     try:
         while True:
-            batch = None  # rank 0 stopping (None ends every rank), or another rank: rank 0's batch comes below
+            batch, publish_now = None, False  # rank 0 stopping (None ends every rank), or another rank
             if group.main and not ctx.stopping():
                 if scorer and scorer.score_pending(critic, version):
                     continue  # scoring has priority: drain the rollouts waiting for values first
                 for row in queue.drain():
                     buffer.add(row)
-                if len(buffer) < cfg.replay.min_rollouts:
-                    ctx.wait()
+                    if lockstep:
+                        by_version.setdefault(row["policy_version"], []).append(row)
+                if lockstep and not plan:
+                    if len(by_version.get(version, ())) < per_batch:
+                        with timers.time("wait"):
+                            ctx.wait()
+                        continue
+                    plan = lockstep_plan(by_version.pop(version), cfg.critic.batch_rollouts,
+                                         cfg.schedule.lockstep_critic_steps, ctx.seed(version))
+                if lockstep:
+                    batch = plan.pop(0)
+                    publish_now = not plan  # the batch's last minibatch: publish the version that scores the next
+                elif len(buffer) < cfg.replay.min_rollouts:
+                    with timers.time("wait"):
+                        ctx.wait()
                     continue
-                batch = buffer.sample(cfg.critic.batch_rollouts)
-            batch = dist.broadcast(batch)
+                else:
+                    batch = buffer.sample(cfg.critic.batch_rollouts)
+            batch, publish_now = dist.broadcast((batch, publish_now))
             if batch is None:
                 break
             began = time.time()
-            stats = critic_step(critic, optimizer, dist.share(batch)[0], tokenizer, cfg, device)
+            with timers.time("compute"):
+                stats = critic_step(critic, optimizer, dist.share(batch)[0], tokenizer, cfg, device)
+            step_s = time.time() - began
             steps += 1
-            if steps % cfg.critic.publish_every == 0:
+            if publish_now if lockstep else steps % cfg.critic.publish_every == 0:
                 version += 1
                 full = dist.unsharded(critic)  # the critic itself with one process
                 if group.main:
-                    publish(critic_root, version, save)
-                    prune(critic_root, keep=cfg.log.keep_weights, protect=lora.protected(full))
+                    with timers.time("io"):
+                        publish(critic_root, version, save)
+                        prune(critic_root, keep=cfg.log.keep_weights, protect=lora.protected(full))
             if not group.main:
                 continue
-            ctx.metrics.log(critic_step=steps, critic_version=version, **stats, step_s=time.time() - began,
-                            ingest_dropped=queue.dropped, **{f"replay_{k}": v for k, v in buffer.stats().items()})
-            if cfg.critic.throttle_s:
-                time.sleep(cfg.critic.throttle_s)
+            if cfg.critic.throttle_s or cfg.critic.throttle_factor:  # a simulated slower critic: counted as compute
+                with timers.time("compute"):
+                    time.sleep(cfg.critic.throttle_s + cfg.critic.throttle_factor * step_s)
+            ctx.metrics.log(critic_step=steps, critic_version=version, **stats, step_s=step_s,
+                            ingest_dropped=queue.dropped, **{f"replay_{k}": v for k, v in buffer.stats().items()},
+                            **timers.snapshot())
     finally:
         stop.set()
     dist.teardown()

@@ -1,0 +1,5 @@
+"""`python -m bench`: every benchmark, one table (bench/run_all.py)."""
+
+from bench.run_all import main
+
+main()

@@ -1,0 +1,76 @@
+"""`python -m bench --smoke` runs every benchmark end to end (tiny sizes) and writes its table, so the suite
+cannot rot; plus the small pieces it relies on (timers, lockstep minibatches, the summary's time lines)."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_suite_smoke(tmp_path):
+    import os
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path / "res")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads((tmp_path / "res" / "results.json").read_text())
+    measures = [r["measure"] for r in result["rows"]]
+    for expected in ("decoupling", "critic cost, dedicated", "critic cost, colocated", "async vs lockstep",
+                     "scoring keeps up", "log: arrow vs raw", "log: arrow vs jsonl", "latency", "GAE"):
+        assert any(expected in m for m in measures), f"no {expected!r} row in {measures}"
+    for row in result["rows"]:
+        assert set(row) >= {"measure", "ours", "baseline", "ratio", "spread", "goal", "met"}, row
+    runs = result["pipeline"]["runs"]
+    assert set(runs) == {"async", "slow_critic", "colocated", "grpo", "lockstep"}
+    lockstep = runs["lockstep"][0]
+    assert lockstep["steps"] == result["pipeline"]["steps"]
+    for case in runs.values():
+        fr = case[0]["time_fractions"]["policy_trainer"]
+        assert 0 <= fr["wait"] <= 1 and 0.5 < fr["compute"] + fr["wait"] + fr["io"] <= 1.05, fr
+    assert "evaluator" not in runs["colocated"][0]["time_fractions"]
+    text = (tmp_path / "res" / "results.md").read_text()
+    assert "| measure | ours | baseline | ratio [spread] | goal | met? |" in text
+    assert re.search(r"policy_trainer +compute +\d+% +wait +\d+% +io +\d+%", out.stdout), out.stdout[-2000:]
+
+
+def test_lockstep_run_keeps_the_schedule(tmp_path):
+    """The lockstep smoke run's batches: on-policy, and scored by the critic trained on the previous batch."""
+    import pyarrow.dataset as ds
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_pipeline
+
+    result = bench_pipeline.run_cases(tmp_path, smoke=True, steps=3, reps=1,
+                                      cases={"lockstep": ["schedule.mode=lockstep"]}, log=lambda text: None)
+    run = Path(result["runs"]["lockstep"][0]["run_dir"])
+    batches = ds.dataset(str(run / "log" / "batches"), format="arrow").to_table().to_pylist()
+    for row in batches:
+        assert row["policy_version"] == row["step"] - 1, "lockstep batch n must come from policy version n - 1"
+        assert row["critic_version"] == row["step"] - 1, "batch n is scored by critic version n - 1"
+
+
+def test_timers_and_summary_lines(tmp_path):
+    import time
+
+    from prime_values.monitor import MetricsWriter, Timers
+    from prime_values.report import _time_lines, time_fractions
+    from prime_values.roles.value_trainer import lockstep_plan
+
+    timers = Timers()
+    with timers.time("wait"):
+        time.sleep(0.05)
+    snap = timers.snapshot()
+    assert snap["wait_s"] >= 0.04 and snap["role_wall_s"] >= snap["wait_s"] and snap["io_s"] == 0
+    writer = MetricsWriter(tmp_path / "metrics" / "policy_trainer.jsonl", "policy_trainer")
+    writer.log(step=1, compute_s=1.0, wait_s=3.0, io_s=0.0, role_wall_s=4.0)
+    writer.close()
+    fractions = time_fractions(tmp_path)
+    assert fractions["policy_trainer"]["wait"] == 0.75
+    assert "policy trainer waits 75%" in _time_lines(fractions)[0]
+    plan = lockstep_plan(list(range(10)), 4, 5, seed=0)
+    assert [len(b) for b in plan] == [4] * 5 and sorted(x for b in plan[:2] for x in b[:4]) != []
+    assert sorted(plan[0] + plan[1] + plan[2][:2]) == list(range(10)), "one pass over the batch before repeating"
