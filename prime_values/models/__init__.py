@@ -1,6 +1,5 @@
 """Model and tokenizer building for the embedded tiny models (see build.py, sampling.py)."""
 
-from . import lora
 from .build import (
     ARCH_PRESETS,
     DEFAULT_ARCH,
@@ -19,7 +18,7 @@ from .sampling import Completion, greedy, sample, teacher_forced_logprobs
 from .tokenizer import build_char_tokenizer
 
 __all__ = [
-    "ARCH_PRESETS", "DEFAULT_ARCH", "Completion", "lora", "build_char_tokenizer", "build_critic", "build_tiny_policy",
+    "ARCH_PRESETS", "DEFAULT_ARCH", "Completion", "build_char_tokenizer", "build_critic", "build_tiny_policy",
     "critic_values", "greedy", "load_critic", "load_optimizer_state", "load_policy", "num_parameters", "sample",
     "save_model", "save_optimizer_state",
     "teacher_forced_logprobs", "tiny_config",
