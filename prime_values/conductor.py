@@ -262,6 +262,12 @@ def run_roles(run: RunDir, cfg) -> dict:
     except Exception as error:  # a plotting problem must not turn a finished run into a failed one
         print(f"prime_values: could not write the plots ({type(error).__name__}: {error}); "
               f"retry with python -m prime_values.report {run.root}", file=sys.stderr, flush=True)
+    try:
+        from prime_values.sweep import after_point
+
+        after_point(run.root)  # inside a multirun: refresh the sweep's one-row-per-point summary
+    except Exception as error:
+        print(f"prime_values: could not write the sweep summary ({type(error).__name__}: {error})", file=sys.stderr)
     if failure and reason != "stopped":
         print(f"prime_values: {failure}", file=sys.stderr, flush=True)
         sys.exit(1)

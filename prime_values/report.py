@@ -130,8 +130,17 @@ def write_report(run: RunDir | str | Path, summary: dict) -> Path:
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) != 2 or not (Path(sys.argv[1]) / "config.yaml").exists():
-        sys.exit("usage: python -m prime_values.report <run_dir>  (a directory holding config.yaml and metrics/)")
+    if len(sys.argv) == 2 and not (Path(sys.argv[1]) / "config.yaml").exists():
+        from prime_values.sweep import write_sweep_summary
+
+        written = write_sweep_summary(sys.argv[1])  # a sweep (multirun) directory: one row per point
+        if not written:
+            sys.exit(f"usage: python -m prime_values.report <run_dir | sweep_dir>  ({sys.argv[1]} holds no "
+                     "config.yaml and no run directories)")
+        print(written.read_text() + f"\nsweep summary        {written}")
+        sys.exit(0)
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m prime_values.report <run_dir | sweep_dir>")
     summary = summarise(sys.argv[1], status=json.loads((RunDir(sys.argv[1]).report / "summary.json").read_text())
                         ["status"] if (RunDir(sys.argv[1]).report / "summary.json").exists() else "finished")
     print(format_summary(summary))
