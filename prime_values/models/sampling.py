@@ -48,7 +48,8 @@ def _left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
 def _cache_kwarg(model) -> str:
     """The forward argument that takes the KV cache: 'cache' in newer transformers 5.x, 'past_key_values' in
     older ones (where an unknown 'cache' would be swallowed by **kwargs and every step would see one token)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT (LoRA) wrapper's **kwargs
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 @torch.no_grad()
