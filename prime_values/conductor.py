@@ -68,7 +68,10 @@ class Fleet:
         for worker in range(topo.inference_workers):
             self.submit(f"inference{worker}", "inference", topo.inference_device, worker)
         if with_critic and topo.evaluator == "dedicated":
-            self.submit("evaluator", "evaluator", topo.evaluator_device)
+            from prime_values.roles.evaluator import evaluator_name
+
+            for index in range(topo.evaluators):
+                self.submit(evaluator_name(index), "evaluator", topo.evaluator_device, index)
         self.submit("orchestrator", "orchestrator", "cpu")
         self.submit("policy_trainer", "policy_trainer", topo.policy_trainer_device)
         if with_critic:

@@ -224,6 +224,9 @@ class TopologyConfig:
     """name of the topology preset (informational)"""
     evaluator: str = "dedicated"
     """'dedicated': the value evaluator is its own job; 'colocated': it is served inside the value trainer"""
+    evaluators: int = 1
+    """dedicated evaluator jobs: evaluator k scores the rollouts of inference workers w with w % evaluators == k
+    and writes values shard e<k> (at most inference_workers; 1 when colocated)"""
     inference_workers: int = 1
     """inference jobs, each with its own log shard and slice of the prompt stream"""
     inference_device: str = "cpu"
@@ -744,6 +747,13 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
         if importlib.util.find_spec("peft") is None:
             raise ConfigError(f"{role}.lora.enabled=true needs peft: pip install 'prime_values[lora]' "
                               "(or pip install -e '.[lora]' in a checkout)")
+    topo = cfg.topology
+    if topo.evaluators < 1 or topo.evaluators > topo.inference_workers:
+        raise ConfigError(f"topology.evaluators={topo.evaluators} must be between 1 and topology.inference_workers="
+                          f"{topo.inference_workers} (each evaluator scores the rollouts of its own inference workers)")
+    if topo.evaluators > 1 and topo.evaluator == "colocated":
+        raise ConfigError(f"topology.evaluators={topo.evaluators} needs topology.evaluator=dedicated (a colocated "
+                          "evaluator is one scorer inside the value trainer)")
     if cfg.topology.value_trainer_procs > 1 and cfg.topology.evaluator == "colocated":
         raise ConfigError(f"topology.value_trainer_procs={cfg.topology.value_trainer_procs} needs "
                           "topology.evaluator=dedicated (a colocated evaluator scores inside one process)")

@@ -28,6 +28,9 @@ CORPUS = [
     # typos in keys
     (["policy.lrr=3"], "policy.lrr", "did you mean 'lr'"),
     (["stepz=3"], "stepz", "did you mean 'steps'"),
+    (["topology.evaluators=2"], "topology.evaluators=2", "between 1 and topology.inference_workers=1"),
+    (["topology.inference_workers=2", "topology.evaluators=2", "topology=colocated"], "topology.evaluators=2",
+     "needs topology.evaluator=dedicated"),
     (["critic.warmup.min_versoin=2"], "critic.warmup.min_versoin", "did you mean 'min_version'"),
     (["replay.capasity=10"], "replay.capasity", "did you mean 'capacity'"),
     (["+foo=1"], "foo", "remove it"),

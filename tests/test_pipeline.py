@@ -165,3 +165,18 @@ def test_detached_run_is_followed_and_stopped_from_the_run_directory(tmp_path):
     assert json.loads(summary.read_text())["status"] == "stopped"
     time.sleep(3)
     assert not processes_mentioning(str(run_dir)), "a role outlived the stopped detached run"
+
+
+def test_two_inference_workers_and_two_evaluators(tmp_path):
+    """topology.evaluators=2: evaluator k scores the rollouts of inference worker k (w % 2 == k), each writes its
+    own values shard; every rollout gets values and the run's invariants hold."""
+    run_dir = tmp_path / "run"
+    result = run_pipeline(run_dir, "steps=4", "topology.inference_workers=2", "topology.evaluators=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {p.name for p in (run_dir / "jobs").iterdir()} >= {"inference0", "inference1", "evaluator", "evaluator1"}
+    for shard, worker in (("e0", "w0"), ("e1", "w1")):
+        ids = ds.dataset(str(run_dir / "log" / "values" / shard), format="arrow").to_table().column("rollout_id")
+        assert ids.length() > 0 and all(i.startswith(worker + "-") for i in ids.to_pylist()), shard
+    check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    assert not processes_mentioning(str(run_dir))

@@ -27,6 +27,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pyarrow as pa
 import xxhash
@@ -345,9 +346,11 @@ class LogReader:
     of a newer schema version is skipped and counted (`skipped_newer`), never used and never moved.
     """
 
-    def __init__(self, stream_dir: Path, consumer: str, cursor_dir: Path, kind: str):
+    def __init__(self, stream_dir: Path, consumer: str, cursor_dir: Path, kind: str,
+                 shards: Callable[[str], bool] | None = None):
         schema_for(kind)
         self.stream_dir, self.kind, self.consumer = Path(stream_dir), kind, consumer
+        self.shards = shards  # which shards this consumer reads (None: all), e.g. one evaluator's inference workers
         self.stream = self.stream_dir.name
         self.cursor_path = Path(cursor_dir) / f"{consumer}.json"
         self.next_seq: dict[str, int] = dict(load_cursor(self.cursor_path).get(self.stream, {}))
@@ -358,7 +361,8 @@ class LogReader:
     def _unread(self):
         """(mtime, shard, seq) of unread segments: per shard in seq order, merged by publication time."""
         try:
-            shards = sorted(e.name for e in os.scandir(self.stream_dir) if e.is_dir() and not e.name.startswith("."))
+            shards = sorted(e.name for e in os.scandir(self.stream_dir) if e.is_dir() and not e.name.startswith(".")
+                            and (self.shards is None or self.shards(e.name)))
         except FileNotFoundError:
             return []
         queues = []

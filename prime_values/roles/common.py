@@ -61,11 +61,11 @@ class RoleContext:
 
         return SegmentWriter(self.run.stream(stream), shard, stream, durable_rename=self.cfg.log.durable_rename)
 
-    def reader(self, stream: str, consumer: str):
-        """A cursor-keeping reader of every shard of a log stream."""
+    def reader(self, stream: str, consumer: str, shards=None):
+        """A cursor-keeping reader of every shard of a log stream (or of those `shards(name)` accepts)."""
         from prime_values.log import LogReader
 
-        return LogReader(self.run.stream(stream), consumer, self.run.cursors, stream)
+        return LogReader(self.run.stream(stream), consumer, self.run.cursors, stream, shards=shards)
 
     def mark_done(self, **summary) -> None:
         write_atomic(self.run.done_file(self.name), json.dumps(summary))

@@ -16,13 +16,27 @@ from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import CriticInputs
 
 
+def evaluator_name(index: int) -> str:
+    """Role (job, metrics, cursor) name of evaluator `index`: 'evaluator', then 'evaluator1', 'evaluator2'..."""
+    return f"evaluator{index}" if index else "evaluator"
+
+
+def evaluator_shards(index: int, count: int):
+    """With several evaluators, evaluator k scores the rollouts of inference workers w with w % count == k (shard
+    'w<w>') and writes values shard 'e<k>'; one evaluator reads every shard."""
+    if count <= 1:
+        return None
+    return lambda shard: shard[1:].isdigit() and int(shard[1:]) % count == index
+
+
 class Scorer:
     """Tails the rollout log and appends one values segment per scored batch of rollouts."""
 
-    def __init__(self, ctx: RoleContext, tokenizer, consumer: str = "evaluator", timers: Timers | None = None):
+    def __init__(self, ctx: RoleContext, tokenizer, consumer: str = "evaluator", timers: Timers | None = None,
+                 index: int = 0):
         self.ctx, self.cfg, self.tokenizer = ctx, ctx.cfg, tokenizer
-        self.reader = ctx.reader("rollouts", consumer)
-        self.writer = ctx.writer("values", "e0")
+        self.reader = ctx.reader("rollouts", consumer, shards=evaluator_shards(index, ctx.cfg.topology.evaluators))
+        self.writer = ctx.writer("values", f"e{index}")
         self.scored = 0
         self.timers = timers or Timers()
         self.lockstep = ctx.cfg.schedule.mode == "lockstep"
@@ -78,19 +92,19 @@ class Scorer:
         return len(rows)
 
 
-def main(run_dir: str) -> None:
+def main(run_dir: str, index: int = 0) -> None:
     from transformers import AutoTokenizer
 
     from prime_values.models import load_critic, lora
     from prime_values.weights import Adopter
 
-    ctx = RoleContext(run_dir, "evaluator", "evaluator_device")
+    ctx = RoleContext(run_dir, evaluator_name(index), "evaluator_device")
     timers = Timers()
     critic = Adopter(ctx.run.weights("critic"), lora.Adopting(load_critic, ctx.device))  # LoRA: adapter in place
     with timers.time("wait"):
         critic.wait(timeout_s=600, stop=ctx.stopping)
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
-    scorer = Scorer(ctx, tokenizer, timers=timers)
+    scorer = Scorer(ctx, tokenizer, consumer=evaluator_name(index), timers=timers, index=index)
     while not ctx.stopping():
         with timers.time("io"):
             critic.poll()  # adopt a newer critic version between scoring batches
