@@ -48,8 +48,9 @@ class Scorer:
         return max(max(segment.table.column("policy_version").to_pylist()) for segment in self.pending)
 
     @torch.no_grad()
-    def score_pending(self, critic, critic_version: int, max_segments: int = 4) -> int:
-        """Score what has arrived since the last call; returns the number of rollouts scored."""
+    def score_pending(self, critic, critic_version: int, max_segments: int = 4, skipped_versions: int = 0) -> int:
+        """Score what has arrived since the last call; returns the number of rollouts scored.
+        `skipped_versions`: critic versions the caller could not load (logged with the figures)."""
         with self.timers.time("io"):
             segments = self.pending + self.reader.poll(max_segments=max_segments)
         if not segments:
@@ -88,7 +89,8 @@ class Scorer:
         self.ctx.metrics.log(scored=len(rows), scored_total=self.scored, critic_version=critic_version,
                              score_s=elapsed, states_per_s=tokens / max(elapsed, 1e-9),
                              forward_states_per_s=tokens / max(scored, 1e-9),
-                             quarantined=self.reader.quarantined, **self.timers.snapshot())
+                             quarantined=self.reader.quarantined, skipped_newer=self.reader.skipped_newer,
+                             skipped_critic_versions=skipped_versions, **self.timers.snapshot())
         return len(rows)
 
 
@@ -108,6 +110,6 @@ def main(run_dir: str, index: int = 0) -> None:
     while not ctx.stopping():
         with timers.time("io"):
             critic.poll()  # adopt a newer critic version between scoring batches
-        if not scorer.score_pending(critic.value, critic.version):
+        if not scorer.score_pending(critic.value, critic.version, skipped_versions=len(critic.skipped)):
             with timers.time("wait"):
                 ctx.wait()

@@ -160,6 +160,7 @@ def main(run_dir: str, worker: int = 0) -> None:
                         rollouts=len(rows),
                         reward_mean=sum(r["reward"] for r in rows) / len(rows), gen_s=elapsed,
                         tokens_per_s=new_tokens / max(elapsed, 1e-9), paused_s=paused_s,
-                        generate_tokens_per_s=new_tokens / max(generated, 1e-9), **timers.snapshot())
+                        generate_tokens_per_s=new_tokens / max(generated, 1e-9),
+                        skipped_policy_versions=len(policy.skipped), **timers.snapshot())
         paused_s = 0.0
         chunk += 1
