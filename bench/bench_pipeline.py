@@ -103,6 +103,8 @@ def measure_run(run: Path, steps: int) -> dict:
     batches = [m for m in read_metrics(run / "metrics" / "orchestrator.jsonl") if "step" in m]
     lags = [m["critic_version_lag_mean"] for m in batches if m["step"] > skip and m.get("critic_version_lag_mean")
             is not None]
+    stale = [m["value_staleness_mean"] for m in batches if m["step"] > skip and m.get("value_staleness_mean")
+             is not None]
     critic = [m for m in read_metrics(run / "metrics" / "value_trainer.jsonl") if "critic_step" in m]
     return {
         "run_dir": str(run),
@@ -110,6 +112,7 @@ def measure_run(run: Path, steps: int) -> dict:
         "steps_per_min": 60 * (last["step"] - first["step"]) / (last["time"] - first["time"]),
         "s_per_step": (last["time"] - first["time"]) / (last["step"] - first["step"]),
         "critic_version_lag_mean": statistics.mean(lags) if lags else None,
+        "value_staleness_mean": statistics.mean(stale) if stale else None,
         "critic_steps": critic[-1]["critic_step"] if critic else 0,
         "critic_version": critic[-1]["critic_version"] if critic else None,
         "evals": [(t - evals[0][0], s, a) for t, s, a in evals],  # seconds since the step-0 evaluation
@@ -118,7 +121,7 @@ def measure_run(run: Path, steps: int) -> dict:
 
 
 def run_cases(out_dir: Path, smoke: bool = False, steps: int | None = None, reps: int | None = None,
-              cases: dict | None = None, log=print) -> dict:
+              cases: dict | None = None, log=print, warm: str | None = None) -> dict:
     """Every case `reps` times, alternating; returns {case: [measure_run per rep]} plus the settings."""
     steps = steps or (3 if smoke else 30)
     reps = reps or (1 if smoke else 2)
@@ -127,7 +130,10 @@ def run_cases(out_dir: Path, smoke: bool = False, steps: int | None = None, reps
     timeout_s = 300 if smoke else 900
     base = Path(tempfile.mkdtemp(prefix="bench_pipeline_", dir=out_dir))
     began = time.time()
-    warm = build_v0(base, overrides) if smoke else warm_start(base, overrides, timeout_s)
+    if warm:  # version 0 of an earlier run of the same experiment (its warm start is not paid again)
+        warm = Path(warm)
+    else:
+        warm = build_v0(base, overrides) if smoke else warm_start(base, overrides, timeout_s)
     log(f"  warm start (once, shared by every run): {time.time() - began:.0f} s")
     result = {"steps": steps, "reps": reps, "overrides": overrides, "cases": cases, "base": str(base),
               "warm": str(warm)}
@@ -167,10 +173,14 @@ def rows(result: dict) -> list[dict]:
         lag = {n: statistics.median(r["critic_version_lag_mean"] or 0.0 for r in runs[n])
                for n in ("slow_critic", "async")}
         critic = {n: statistics.median(r["critic_steps"] for r in runs[n]) for n in ("slow_critic", "async")}
+        stale = {n: statistics.median(r["value_staleness_mean"] or 0.0 for r in runs[n])
+                 for n in ("slow_critic", "async")}
         out.append(_ratio_row("decoupling: policy steps/min, critic 10x slower / normal critic", spm["slow_critic"],
                               spm["async"], ">= 0.95", lambda r: r >= 0.95, "steps/min",
                               note=f"critic version lag {lag['slow_critic']:.2f} (slow) vs {lag['async']:.2f} "
-                                   f"(normal); critic steps {critic['slow_critic']:.0f} vs {critic['async']:.0f}"))
+                                   f"(normal); critic steps {critic['slow_critic']:.0f} vs {critic['async']:.0f}; "
+                                   f"values from a critic trained up to {stale['slow_critic']:.1f} vs "
+                                   f"{stale['async']:.1f} policy versions back (value_staleness_mean)"))
     for name, topo in (("async", "dedicated (topology=cpu)"), ("colocated", "colocated")):
         if name in runs and "grpo" in runs:
             out.append(_ratio_row(f"critic cost, {topo}: policy steps/min gae / grpo", spm[name], spm["grpo"],

@@ -45,7 +45,7 @@ def load_models(policy_dir: str | None, critic_dir: str | None, arch: dict):
 
 
 def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str | None = None,
-            reps: int | None = None) -> dict:
+            reps: int | None = None, max_new_tokens: int | None = None) -> dict:
     from omegaconf import OmegaConf
 
     from prime_values.config import Config
@@ -64,6 +64,8 @@ def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str 
     tokenizer, policy, critic = load_models(policy_dir, critic_dir, arch)
     task = make_task(**cfg.task)
     inf = cfg.inference
+    if max_new_tokens:
+        inf.max_new_tokens = max_new_tokens
     problems = task.sample(random.Random(0), 4 if smoke else inf.prompts_per_step)
     prompt_ids = encode_prompts(tokenizer, problems)
     gen_s, score_s, gen_tokens, states = [], [], [], []
@@ -92,14 +94,25 @@ def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str 
 
 
 def bench_rows(smoke: bool = False, policy_dir: str | None = None, critic_dir: str | None = None) -> list[dict]:
-    m = measure(smoke, policy_dir, critic_dir)
+    """Two rows: the given (or fresh) models on the task's own lengths, and fresh (untrained) models whose samples
+    run to a longer generation cap (LONG tokens; 16 in smoke): how the ratio grows with the response length."""
+    rows = [_row(measure(smoke, policy_dir, critic_dir), "")]
+    long = 16 if smoke else LONG
+    rows.append(_row(measure(smoke, max_new_tokens=long), f", untrained models, max_new_tokens={long}"))
+    return rows
+
+
+LONG = 64
+
+
+def _row(m: dict, label: str) -> dict:
     xs = [s / g for s, g in zip(m["score_states_per_s"], m["gen_tokens_per_s"])]
-    return [{"measure": f"scoring keeps up: evaluator states/s / inference tokens/s ({m['rollouts']} rollouts, "
-                        f"{m['params'] / 1e6:.1f}M params, 1 thread)",
-             "ours": statistics.median(m["score_states_per_s"]), "baseline": statistics.median(m["gen_tokens_per_s"]),
-             "unit": "tokens/s", "ratio": statistics.median(xs), "spread": [min(xs), max(xs)],
-             "goal": f">= {GOAL:g}", "met": statistics.median(xs) >= GOAL, "reps": len(xs),
-             "note": f"traces {m['mean_trace_tokens']:.1f} tokens, responses {m['mean_response_tokens']:.1f}"}]
+    return {"measure": f"scoring keeps up: evaluator states/s / inference tokens/s ({m['rollouts']} rollouts, "
+                       f"{m['params'] / 1e6:.1f}M params, 1 thread{label})",
+            "ours": statistics.median(m["score_states_per_s"]), "baseline": statistics.median(m["gen_tokens_per_s"]),
+            "unit": "tokens/s", "ratio": statistics.median(xs), "spread": [min(xs), max(xs)],
+            "goal": f">= {GOAL:g}", "met": statistics.median(xs) >= GOAL, "reps": len(xs),
+            "note": f"traces {m['mean_trace_tokens']:.1f} tokens, responses {m['mean_response_tokens']:.1f}"}
 
 
 def main(argv: list[str] | None = None) -> None:

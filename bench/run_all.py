@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--only", default=",".join(GROUPS), help=f"comma-separated subset of {','.join(GROUPS)}")
     ap.add_argument("--steps", type=int, default=None, help="policy steps per pipeline run (default 30; smoke 3)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions of every pipeline case (default 2; smoke 1)")
+    ap.add_argument("--warm", default=None, help="reuse policy and critic version 0 of this earlier run directory of "
+                    "+experiment=arith (default: a warm-start run first, shared by every pipeline run)")
     ap.add_argument("--keep-runs", action="store_true", help="keep the pipeline runs' directories under --out")
     args = ap.parse_args(argv)
     only = [g.strip() for g in args.only.split(",") if g.strip()]
@@ -92,13 +94,13 @@ def main(argv: list[str] | None = None) -> dict:
     def log(text: str) -> None:
         print(text, flush=True)
 
-    warm = None
+    warm = Path(args.warm) if args.warm else None
     if "pipeline" in only:
         import bench_pipeline
 
         log("pipeline: async / slow critic / colocated / grpo / lockstep, alternating repetitions")
         pipeline = bench_pipeline.run_cases(out if args.keep_runs else None, args.smoke, args.steps, args.reps,
-                                            log=lambda text: log(text))
+                                            log=lambda text: log(text), warm=args.warm)
         extra["pipeline"] = pipeline
         rows += [{"group": "pipeline", **r} for r in bench_pipeline.rows(pipeline)]
         warm = Path(pipeline["warm"])
