@@ -24,6 +24,8 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 
+from .procedural import ProceduralTask
+
 EOS_TEXT = "<eos>"
 _MAX_RESPONSE_CHARS = 64
 
@@ -49,7 +51,7 @@ def _evaluate(nums: list[int], ops: list[str]) -> int:
     return total + sign * term
 
 
-class ArithTask:
+class ArithTask(ProceduralTask):
     name = "arith"
 
     def __init__(self, digits: int = 2, operands: int = 2, ops: str = "+", heldout_size: int = 200,
@@ -69,13 +71,7 @@ class ArithTask:
         if heldout_size > self.space_size // 2:
             raise ValueError(f"heldout_size {heldout_size} exceeds half of the {self.space_size} possible problems")
         self._tag = f"arith-d{digits}-n{operands}-{self.ops}" + ("-work" if show_work else "")
-        rng = random.Random(f"{self._tag}-heldout-{seed}")
-        held: dict[str, Problem] = {}
-        while len(held) < heldout_size:
-            p = self._draw(rng)
-            held.setdefault(p.prompt, p)
-        self._heldout = list(held.values())
-        self._heldout_prompts = frozenset(held)
+        self._build_heldout(heldout_size, seed)
 
     # ------------------------------------------------------------------ problems
     def _draw(self, rng: random.Random) -> Problem:
@@ -93,22 +89,6 @@ class ArithTask:
         pid = f"{self._tag}:{hashlib.sha1(prompt.encode()).hexdigest()[:12]}"
         return Problem(prompt_id=pid, prompt=prompt, answer=answer, privileged=answer)
 
-    def sample(self, rng: random.Random, n: int) -> list[Problem]:
-        """``n`` training problems (repeats possible), never one of the held-out prompts."""
-        out = []
-        while len(out) < n:
-            p = self._draw(rng)
-            if p.prompt not in self._heldout_prompts:
-                out.append(p)
-        return out
-
-    def heldout(self) -> list[Problem]:
-        """The fixed evaluation set: same for every process given the constructor arguments."""
-        return list(self._heldout)
-
-    def is_heldout(self, problem: Problem) -> bool:
-        return problem.prompt in self._heldout_prompts
-
     # ------------------------------------------------------------------ verifier
     def score(self, problem: Problem, response_text: str) -> float:
         """1.0 iff the response is exactly the answer (modulo whitespace / a trailing ``<eos>``)."""
@@ -118,14 +98,6 @@ class ArithTask:
         if text.endswith(EOS_TEXT):
             text = text[: -len(EOS_TEXT)].rstrip()
         return 1.0 if text == problem.answer else 0.0
-
-    def score_many(self, problems: list[Problem], texts: list[str]) -> list[float]:
-        """``score`` for a batch (the task interface the roles call; math verifies a batch in a worker pool)."""
-        return [self.score(p, t) for p, t in zip(problems, texts)]
-
-    def solution(self, problem: Problem) -> str:
-        """Target response text for supervised warm start (the caller appends eos)."""
-        return problem.answer
 
     def max_answer_chars(self) -> int:
         """Longest possible answer in characters (sign included): a safe ``max_new_tokens - 1``."""

@@ -22,6 +22,7 @@ import random
 import string
 
 from .arith import EOS_TEXT, Problem
+from .procedural import ProceduralTask
 
 SEPARATOR = "|"
 DEFAULT_ALPHABET = string.ascii_lowercase
@@ -48,7 +49,7 @@ def similarity(response: str, answer: str) -> float:
     return 1.0 if longest == 0 else 1.0 - levenshtein(response, answer) / longest
 
 
-class ReverseTextTask:
+class ReverseTextTask(ProceduralTask):
     name = "reverse_text"
 
     def __init__(self, min_chars: int = 3, max_chars: int = 6, alphabet: str = DEFAULT_ALPHABET,
@@ -68,13 +69,7 @@ class ReverseTextTask:
             raise ValueError(f"heldout_size {heldout_size} exceeds half of the {self.space_size} possible strings")
         digest = hashlib.sha1(alphabet.encode()).hexdigest()[:8]
         self._tag = f"reverse-{min_chars}-{max_chars}-{digest}"
-        rng = random.Random(f"{self._tag}-heldout-{seed}")
-        held: dict[str, Problem] = {}
-        while len(held) < heldout_size:
-            p = self._draw(rng)
-            held.setdefault(p.prompt, p)
-        self._heldout = list(held.values())
-        self._heldout_prompts = frozenset(held)
+        self._build_heldout(heldout_size, seed)
 
     # ------------------------------------------------------------------ problems
     def _draw(self, rng: random.Random) -> Problem:
@@ -87,21 +82,6 @@ class ReverseTextTask:
         pid = f"{self._tag}:{hashlib.sha1(prompt.encode()).hexdigest()[:12]}"
         return Problem(prompt_id=pid, prompt=prompt, answer=answer, privileged=answer)
 
-    def sample(self, rng: random.Random, n: int) -> list[Problem]:
-        """``n`` training problems (repeats possible), never one of the held-out prompts."""
-        out = []
-        while len(out) < n:
-            p = self._draw(rng)
-            if p.prompt not in self._heldout_prompts:
-                out.append(p)
-        return out
-
-    def heldout(self) -> list[Problem]:
-        return list(self._heldout)
-
-    def is_heldout(self, problem: Problem) -> bool:
-        return problem.prompt in self._heldout_prompts
-
     # ------------------------------------------------------------------ verifier
     def score(self, problem: Problem, response_text: str) -> float:
         """Partial credit in [0, 1]: normalised edit similarity of the response to the reversed string."""
@@ -111,13 +91,6 @@ class ReverseTextTask:
         if text.endswith(EOS_TEXT):
             text = text[: -len(EOS_TEXT)].rstrip()
         return similarity(text[: 2 * self.max_chars + 8], problem.answer)
-
-    def score_many(self, problems: list[Problem], texts: list[str]) -> list[float]:
-        return [self.score(p, t) for p, t in zip(problems, texts)]
-
-    def solution(self, problem: Problem) -> str:
-        """Target response for supervised warm start (the caller appends eos)."""
-        return problem.answer
 
     def max_answer_chars(self) -> int:
         return self.max_chars
