@@ -516,6 +516,7 @@ ALLOWED = {
     "advantage.tether_mode": ("group", "running"),
     "policy.trust_region": ("clip", "prob_diff"),
     "topology.evaluator": ("dedicated", "colocated"),
+    "schedule.mode": ("async", "lockstep"),
     "inference.backend": ("hf",),
     "launcher.name": ("local", "slurm"),
     "replay.sampling": ("uniform", "fifo", "recent"),
@@ -597,6 +598,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                 "critic.batch_rollouts", "critic.publish_every", "critic.max_length", "critic.score_batch_rollouts",
                 "replay.queue_size", "replay.capacity", "replay.min_rollouts", "task.digits", "task.operands",
                 "task.heldout_size", "topology.policy_trainer_procs", "topology.value_trainer_procs",
+                "schedule.lockstep_critic_steps",
                 "policy.warm_start.batch_size", "policy.warm_start.check_every",
                 "critic.warm_start.rollouts", "launcher.timeout_min", "log.keep_weights", "policy.arch.hidden_size",
                 "policy.arch.num_layers", "policy.arch.num_heads", "policy.arch.num_kv_heads", "policy.arch.head_dim",
@@ -609,7 +611,8 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                     "critic.warmup.max_rollouts", "critic.throttle_s", "policy.weight_decay", "policy.max_grad_norm",
                     "critic.max_grad_norm", "policy.clip_low", "policy.clip_high", "policy.prob_diff_low",
                     "policy.prob_diff_high", "policy.kl_coef", "advantage.adaptive_alpha", "launcher.stop_grace_s",
-                    "launcher.max_restarts", "launcher.restart_backoff_s", "log.optimizer_state_every"]
+                    "launcher.max_restarts", "launcher.restart_backoff_s", "log.optimizer_state_every",
+                    "critic.throttle_factor"]
     for key in non_negative:
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0")
@@ -747,6 +750,10 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
         if importlib.util.find_spec("peft") is None:
             raise ConfigError(f"{role}.lora.enabled=true needs peft: pip install 'prime_values[lora]' "
                               "(or pip install -e '.[lora]' in a checkout)")
+    w = cfg.critic.warmup
+    if cfg.schedule.mode == "lockstep" and (w.min_version > 0 or w.min_explained_variance is not None):
+        raise ConfigError("schedule.mode=lockstep with critic.warmup: the lockstep schedule already waits for the critic "
+                          "each step; drop critic.warmup.min_version / min_explained_variance, or use schedule.mode=async")
     topo = cfg.topology
     if topo.evaluators < 1 or topo.evaluators > topo.inference_workers:
         raise ConfigError(f"topology.evaluators={topo.evaluators} must be between 1 and topology.inference_workers="
