@@ -16,6 +16,10 @@ def test_killing_every_role_loses_nothing(tmp_path):
     assert report["check_returncode"] == 0, report["check_output"]
     assert report["kills"] >= 3, report["killed"]
     assert report["policy_steps"] == 24
-    for kill in report["killed"]:
-        assert report["restarts_per_role"][kill["role"]] >= 1, report  # the conductor noticed and restarted it
+    # the conductor noticed and restarted every role killed while the run still needed it (a kill in the last
+    # couple of steps can land after the policy trainer finished: then the run just ends)
+    for role in ROLES:
+        needed = sum(k["role"] == role and k["policy_step"] < 22 for k in report["killed"])
+        assert report["restarts_per_role"].get(role, 0) >= needed, report
+    assert sum(report["restarts_per_role"].values()) >= 2, report
     assert not processes_mentioning(str(run_dir)), "a role process outlived the run"

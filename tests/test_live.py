@@ -18,6 +18,14 @@ from prime_values.rundir import RunDir
 NOW = time.time()
 
 
+@pytest.fixture(autouse=True)
+def _now():
+    """The synthetic run's clock is each test's start, not the module's import: the whole suite runs for minutes
+    between collecting this file and running it, which would make every heartbeat look stale."""
+    global NOW
+    NOW = time.time()
+
+
 def write_metrics(run: RunDir, role: str, records: list[dict]) -> None:
     path = run.metrics(role)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -149,8 +149,15 @@ def test_config_errors_are_one_line(cache_dir):
         MathTask(data=str(DATA), prompt_template="no placeholder")
     with pytest.raises(TypeError, match="bogus"):
         MathTask(data=str(DATA), bogus=1)
-    # the shared TaskConfig's arith keys are accepted and ignored
-    MathTask(data=str(DATA), heldout_size=2, digits=2, operands=2, ops="+", data_cache_dir=cache_dir)
+    # make_task hands each task only its own keys of the shared TaskConfig (every other task's keys included)
+    from omegaconf import OmegaConf
+
+    from prime_values.config import TaskConfig
+    from prime_values.tasks import make_task
+
+    keys = OmegaConf.to_container(OmegaConf.structured(TaskConfig))
+    keys.update(name="math", data=str(DATA), heldout_size=2, data_cache_dir=str(cache_dir))
+    assert isinstance(make_task(**keys), MathTask)
 
 
 @pytest.mark.parametrize("data", ["/nonexistent/gsm8k.jsonl", "data/missing.parquet", "nobody/no-such-dataset",

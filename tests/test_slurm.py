@@ -141,7 +141,8 @@ def test_a_run_with_every_role_a_slurm_job(slurm, tmp_path):
 
     shown = status(run_dir)  # job states from SLURM: every role left when asked to stop (or was cancelled)
     assert "(slurm): ended, finished" in shown and "policy step 3/3" in shown, shown
-    states = {line.split()[0]: line.split()[-1] for line in shown.splitlines() if line.startswith("  ")}
+    jobs = shown.split("\njobs:\n", 1)[1]  # the job table after the live view's lines
+    states = {line.split()[0]: line.split()[-1] for line in jobs.splitlines() if line.startswith("  ")}
     assert set(states) == {"warm_start", "inference0", "orchestrator", "policy_trainer"}, shown
     assert states["policy_trainer"] == "COMPLETED" and set(states.values()) <= {"COMPLETED", "CANCELLED"}, shown
 

@@ -41,8 +41,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
 _LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _PROMPT_KEYS = ("question", "problem")
-# keys of the shared TaskConfig that belong to other tasks (arith); accepted and ignored here
-_OTHER_TASK_KEYS = frozenset({"digits", "operands", "ops", "show_work"})
 
 
 class MathDataError(ValueError):
@@ -226,10 +224,7 @@ class MathTask:
                  seed: int = 1234, prompt_template: str = DEFAULT_TEMPLATE, privileged_solution: bool = True,
                  max_response_chars: int = 1024, verifier_workers: int = 2, verifier_timeout_s: float = 3.0,
                  verifier_batch_timeout_s: float = 60.0, verifier_max_chars: int = 4096,
-                 verifier_memory_mb: int | None = 4096, data_cache_dir: str | None = None, **other) -> None:
-        unknown = set(other) - _OTHER_TASK_KEYS
-        if unknown:
-            raise TypeError(f"MathTask got unexpected arguments: {', '.join(sorted(unknown))}")
+                 verifier_memory_mb: int | None = 4096, data_cache_dir: str | None = None) -> None:
         if "{question}" not in prompt_template:
             raise MathDataError(f"task.prompt_template={prompt_template!r} must contain '{{question}}'")
         if heldout_size < 0:
