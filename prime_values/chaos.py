@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from prime_values.rundir import RunDir
+
 ROLES = ("inference0", "evaluator", "orchestrator", "policy_trainer", "value_trainer")
 
 
@@ -92,7 +94,7 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
             output = ""
     check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True,
                            text=True, env=env)
-    restarts_file = run_dir / "control" / "restarts.json"
+    restarts_file = RunDir(run_dir).restarts_file
     restarts = json.loads(restarts_file.read_text()) if restarts_file.exists() else {}
     report = {
         "kills": len(done), "kills_per_role": {r: sum(k["role"] == r for k in done) for r in roles},

@@ -106,7 +106,7 @@ class Fleet:
         role_job.restart_at = time.time() + delay
         print(f"\nprime_values: {message}; restarting it in {delay:.0f} s "
               f"({role_job.restarts}/{launcher.max_restarts})", flush=True)
-        write_atomic(self.run.root / "control" / "restarts.json",
+        write_atomic(self.run.restarts_file,
                      json.dumps({j.name: j.restarts for j in self.jobs}, sort_keys=True) + "\n")
 
     def _restart_due(self) -> None:

@@ -185,7 +185,7 @@ class LiveView:
     def _restarts(self) -> dict[str, int]:
         """{role job: restarts}; remembers when each count changed (the file's modification time, compared
         with heartbeat files' modification times: one clock, the filesystem's, also on NFS)."""
-        path = self.run.root / "control" / "restarts.json"
+        path = self.run.restarts_file
         try:
             counts, changed = json.loads(path.read_text()), path.stat().st_mtime
         except (OSError, ValueError):
@@ -197,7 +197,7 @@ class LiveView:
 
     def _heartbeat(self, name: str) -> tuple[float, float] | None:
         """(the time the role wrote into its heartbeat, the file's modification time), None before the first."""
-        path = self.run.root / "state" / name / "heartbeat"
+        path = self.run.heartbeat_file(name)
         try:
             mtime = path.stat().st_mtime
         except OSError:
@@ -208,7 +208,7 @@ class LiveView:
             return mtime, mtime
 
     def role_state(self, name: str, restarts: dict[str, int], final: bool = False) -> str:
-        if (self.run.root / "state" / name / "done").exists():
+        if self.run.done_file(name).exists():
             return "done"
         heartbeat, now = self._heartbeat(name), self.now()
         beat, beat_mtime = heartbeat or (None, None)
@@ -240,7 +240,7 @@ class LiveView:
         warm = self.last("warm_start")
         elapsed = self.clock() - self.started
         if not policy:
-            if (self.run.root / "state" / "warm_start" / "done").exists() and warm:
+            if self.run.done_file("warm_start").exists() and warm:
                 return f"[{elapsed:6.0f}s] warm start done; waiting for policy step 1/{self.steps}", {}
             if "critic_pretrain_step" in warm:
                 return (f"[{elapsed:6.0f}s] warm start: critic pretraining step {warm['critic_pretrain_step']} "

@@ -35,6 +35,14 @@ class RunDir:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    @property
+    def restarts_file(self) -> Path:
+        """{role job: restarts so far}, written by the conductor when it schedules a restart."""
+        return self.root / "control" / "restarts.json"
+
+    def heartbeat_file(self, role: str) -> Path:
+        return self.root / "state" / role / "heartbeat"
+
     def done_file(self, role: str) -> Path:
         """Written by a role whose work is complete (warm start, policy trainer): it is not run again."""
         return self.root / "state" / role / "done"

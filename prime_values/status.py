@@ -30,7 +30,7 @@ def role_jobs(run: RunDir) -> dict[str, str]:
 
 
 def local_state(run: RunDir, name: str, job_id: str, ended: bool) -> str:
-    if (run.state(name) / "done").exists():
+    if run.done_file(name).exists():
         return "COMPLETED"
     if ended:  # the run is over: a pid seen now may belong to another process
         return "ENDED"

@@ -43,7 +43,7 @@ class RoleContext:
     def heartbeat(self) -> None:
         now = time.time()
         if now - self._last_beat >= HEARTBEAT_EVERY_S:
-            write_atomic(self.state / "heartbeat", f"{now}\n")
+            write_atomic(self.run.heartbeat_file(self.name), f"{now}\n")
             self._last_beat = now
 
     def stopping(self) -> bool:

@@ -27,6 +27,12 @@ from dataclasses import dataclass, field
 from .procedural import ProceduralTask
 
 EOS_TEXT = "<eos>"
+
+
+def strip_eos(text: str) -> str:
+    """A response without surrounding whitespace and one trailing ``<eos>`` (what the verifiers compare)."""
+    text = text.strip()
+    return text[: -len(EOS_TEXT)].rstrip() if text.endswith(EOS_TEXT) else text
 _MAX_RESPONSE_CHARS = 64
 
 
@@ -94,10 +100,7 @@ class ArithTask(ProceduralTask):
         """1.0 iff the response is exactly the answer (modulo whitespace / a trailing ``<eos>``)."""
         if not isinstance(response_text, str) or len(response_text) > _MAX_RESPONSE_CHARS:
             return 0.0
-        text = response_text.strip()
-        if text.endswith(EOS_TEXT):
-            text = text[: -len(EOS_TEXT)].rstrip()
-        return 1.0 if text == problem.answer else 0.0
+        return 1.0 if strip_eos(response_text) == problem.answer else 0.0
 
     def max_answer_chars(self) -> int:
         """Longest possible answer in characters (sign included): a safe ``max_new_tokens - 1``."""

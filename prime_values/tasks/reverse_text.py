@@ -21,7 +21,7 @@ import hashlib
 import random
 import string
 
-from .arith import EOS_TEXT, Problem
+from .arith import EOS_TEXT, Problem, strip_eos
 from .procedural import ProceduralTask
 
 SEPARATOR = "|"
@@ -87,9 +87,7 @@ class ReverseTextTask(ProceduralTask):
         """Partial credit in [0, 1]: normalised edit similarity of the response to the reversed string."""
         if not isinstance(response_text, str):
             return 0.0
-        text = response_text[: 2 * self.max_chars + 8 + len(EOS_TEXT) + 2].strip()
-        if text.endswith(EOS_TEXT):
-            text = text[: -len(EOS_TEXT)].rstrip()
+        text = strip_eos(response_text[: 2 * self.max_chars + 8 + len(EOS_TEXT) + 2])
         return similarity(text[: 2 * self.max_chars + 8], problem.answer)
 
     def max_answer_chars(self) -> int:
