@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
+from prime_values.algo.ev import ev_from_sums
 from prime_values.monitor import read_metrics
 from prime_values.rundir import RunDir, write_atomic
 from prime_values.weights import latest_version
 
-EV_WINDOW = 10  # batches averaged for the final explained variance (one batch is noisy)
+EV_WINDOW = 10  # batches pooled for the final explained variance (one batch is noisy)
 
 
 def _mean(values):
@@ -45,6 +47,16 @@ def format_time_fractions(fractions: dict[str, dict[str, float]], indent: str = 
             for name, f in fractions.items()]
 
 
+def final_explained_variance(batches: list[dict]) -> float | None:
+    """The critic's explained variance on fresh rollouts over these batches: pooled over all their tokens from
+    the orchestrator's `critic_ev_sums` (runs from before they were logged: the mean of per-batch EVs)."""
+    sums = [m["critic_ev_sums"] for m in batches if m.get("critic_ev_sums")]
+    if sums and len(sums) == len(batches):
+        ev = ev_from_sums(sums)
+        return None if math.isnan(ev) else ev
+    return _mean([m.get("critic_explained_variance") for m in batches])
+
+
 def summarise(run: RunDir | str | Path, status: str = "finished", error: str | None = None) -> dict:
     run = run if isinstance(run, RunDir) else RunDir(run)
     policy = read_metrics(run.metrics("policy_trainer"))
@@ -53,7 +65,7 @@ def summarise(run: RunDir | str | Path, status: str = "finished", error: str | N
     critic = [m for m in read_metrics(run.metrics("value_trainer")) if "critic_step" in m]
     evals = [m for m in policy if "heldout_accuracy" in m]
     steps = [m for m in policy if "loss" in m]
-    evs = [m.get("critic_explained_variance") for m in orchestrator if "step" in m]
+    batches = [m for m in orchestrator if "step" in m]
     policy_version, critic_version = latest_version(run.weights("policy")), latest_version(run.weights("critic"))
     first_time = min((m["time"] for m in read_metrics(run.metrics("warm_start"))), default=None)
     last_time = max((m["time"] for m in policy), default=None)
@@ -67,7 +79,7 @@ def summarise(run: RunDir | str | Path, status: str = "finished", error: str | N
         "final_accuracy": evals[-1]["heldout_accuracy"] if len(evals) > 1 else None,
         "final_accuracy_step": evals[-1]["step"] if len(evals) > 1 else None,
         "final_reward_mean": _mean([m.get("reward_mean") for m in steps[-EV_WINDOW:]]),
-        "final_explained_variance": _mean(evs[-EV_WINDOW:]),
+        "final_explained_variance": final_explained_variance(batches[-EV_WINDOW:]),
         "critic_version": critic_version,
         "critic_steps": critic[-1]["critic_step"] if critic else 0,
         "wall_s": (last_time - first_time) if first_time and last_time else None,
@@ -96,7 +108,7 @@ def format_summary(s: dict) -> str:
         f"{_fmt(s['first_rl_step_accuracy'])} -> final {_fmt(s['final_accuracy'])} (gain {_fmt(gain, '+.3f')})",
         f"reward (last {EV_WINDOW} steps) {_fmt(s['final_reward_mean'])}",
         f"critic               version {s['critic_version']} after {s['critic_steps']} steps, explained variance "
-        f"on fresh rollouts (last {EV_WINDOW} batches) {_fmt(s['final_explained_variance'])}",
+        f"on fresh rollouts (pooled over the last {EV_WINDOW} batches) {_fmt(s['final_explained_variance'])}",
         *_time_lines(s.get("time_fractions")),
         f"policy weights       {s['policy_weights']}",
         f"critic weights       {s['critic_weights']}",

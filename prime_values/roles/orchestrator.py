@@ -18,6 +18,7 @@ import torch
 
 from prime_values.algo.gae import (adaptive_lambda, advantages_and_targets, explained_variance, grpo_advantages,
                                    tether_advantages, whiten)
+from prime_values.algo.ev import ev_sums
 from prime_values.log import to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
@@ -215,6 +216,7 @@ def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = Non
         rows = torch.arange(len(first))
         # values were predicted before the critic trained on these rollouts: a fresh-data measurement
         out["critic_explained_variance"] = explained_variance(values, targets, mask)
+        out["critic_ev_sums"] = ev_sums(values, targets, mask)  # pooled over the run's last batches in the report
         out["value_first_mean"] = values[rows, first].mean().item()
         out["return_first_mean"] = targets[rows, first].mean().item()
         if "tether_weight" in groups[0]["scored"]:
