@@ -83,6 +83,15 @@ class PolicyConfig:
     """'tiny' builds the embedded model from `arch`; anything else is a path/name for from_pretrained"""
     arch: TinyArch = field(default_factory=TinyArch)
     """architecture of the embedded model (used when model='tiny'; the critic reuses it)"""
+    attn_implementation: str = "auto"
+    """attention kernel of every transformers model, policy and critic, in every role and stage: 'auto' =
+    'flash_attention_2' when flash-attn is importable, the model runs on CUDA and dtype is bfloat16, else 'sdpa'
+    (each role logs its choice and why); or 'sdpa', 'eager', 'flash_attention_2' (pip install flash-attn, CUDA
+    devices and dtype=bfloat16)"""
+    dtype: str = "float32"
+    """weight dtype of the policy and the critic in every role: 'float32', or 'bfloat16' (half the memory, and what
+    flash-attn needs; no float32 master copy, so AdamW drops updates under ~1/256 of a weight: small learning rates
+    may stall)"""
     lr: float = 1e-4
     """policy learning rate (AdamW)"""
     weight_decay: float = 0.0
@@ -512,6 +521,8 @@ def register() -> None:
 # --- semantic validation ---------------------------------------------------------------------------
 
 ALLOWED = {
+    "policy.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
+    "policy.dtype": ("float32", "bfloat16"),
     "advantage.estimator": ("gae", "grpo", "tether"),
     "advantage.tether_mode": ("group", "running"),
     "policy.trust_region": ("clip", "prob_diff"),
@@ -666,6 +677,21 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
         if not ok:
             raise ConfigError(f"critic.template={cfg.critic.template!r} must contain '{{privileged}}' and no other "
                               "'{...}' field; e.g. 'answer:{privileged}|' (or set critic.privileged=false)")
+    if cfg.policy.attn_implementation == "flash_attention_2":
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is None:
+            raise ConfigError("policy.attn_implementation=flash_attention_2 but flash-attn is not installed: pip "
+                              "install flash-attn, or use policy.attn_implementation=auto (sdpa without it)")
+        if cfg.policy.dtype != "bfloat16":
+            raise ConfigError(f"policy.attn_implementation=flash_attention_2 needs policy.dtype=bfloat16 (got "
+                              f"{cfg.policy.dtype}; flash-attn has no float32 kernels), or use auto")
+        on_cpu = [f"topology.{r}_device" for r in ("inference", "evaluator", "policy_trainer", "value_trainer")
+                  if _get(cfg, f"topology.{r}_device") == "cpu" and not (r == "evaluator" and
+                                                                         cfg.topology.evaluator == "colocated")]
+        if on_cpu:
+            raise ConfigError(f"policy.attn_implementation=flash_attention_2 needs CUDA devices, but {on_cpu[0]}=cpu; "
+                              "use policy.attn_implementation=auto (flash where it can run, sdpa elsewhere)")
     arch = cfg.policy.arch
     if arch.num_heads % arch.num_kv_heads:
         raise ConfigError(f"policy.arch.num_heads={arch.num_heads} must be a multiple of policy.arch.num_kv_heads="

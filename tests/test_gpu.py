@@ -47,3 +47,38 @@ def test_pipeline_with_every_role_on_cuda(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "== prime_values run finished ==" in result.stdout
     print(result.stdout[-1500:])
+
+
+def test_auto_attention_picks_flash_on_cuda():
+    """policy.attn_implementation=auto with bfloat16 weights on CUDA picks flash-attn when it is installed, and its
+    logits match sdpa's within bfloat16 tolerance (a right-padded batch: only the real positions compared)."""
+    pytest.importorskip("flash_attn", reason="flash-attn is not installed on this GPU machine")
+    from omegaconf import OmegaConf
+
+    from prime_values.models import build, build_char_tokenizer, build_tiny_policy
+
+    saved = build.current_attention()
+    try:
+        tok = build_char_tokenizer()
+        models = {}
+        for requested in ("auto", "sdpa"):
+            chosen = build.configure_attention(OmegaConf.create({"attn_implementation": requested,
+                                                                 "dtype": "bfloat16"}), "cuda:0")
+            models[requested] = build_tiny_policy(tok, seed=0).to("cuda").eval()
+            assert models[requested].config._attn_implementation == chosen.implementation
+        assert models["auto"].config._attn_implementation == "flash_attention_2", chosen.line()
+        texts = ["12+34=46", "5+6=11 and 7+8=15"]
+        width = max(len(t) for t in texts)
+        ids = torch.full((2, width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((2, width), dtype=torch.long)
+        for i, t in enumerate(texts):
+            ids[i, : len(t)] = torch.tensor(tok.encode(t, add_special_tokens=False))
+            mask[i, : len(t)] = 1
+        with torch.no_grad():
+            flash, sdpa = (models[k](input_ids=ids.cuda(), attention_mask=mask.cuda()).logits.float().cpu()
+                           for k in ("auto", "sdpa"))
+        real = mask.bool()
+        diff = (flash[real] - sdpa[real]).abs().max().item()
+        assert diff <= 0.02 + 0.02 * sdpa[real].abs().max().item(), diff
+    finally:
+        build._attention = saved

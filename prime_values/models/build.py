@@ -9,8 +9,12 @@ position, computed causally (position ``t`` sees tokens ``<= t`` only).
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
+import importlib.util
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,9 +46,108 @@ ARCH_PRESETS: dict[str, dict] = {
     "small": dict(DEFAULT_ARCH, hidden_size=256, num_heads=8, num_kv_heads=4, intermediate_size=768),
 }
 
-# sdpa and eager measured within noise of each other for these sizes on 2 CPU threads; sdpa is the
-# transformers default and what larger models want.
-ATTN_IMPLEMENTATION = "sdpa"
+# --- attention kernel and weight dtype, chosen once per process (policy.attn_implementation, policy.dtype) ----------
+#
+# sdpa and eager measured within noise of each other for the tiny sizes on 2 CPU threads; sdpa is the transformers
+# default and what larger models want. flash-attn (flash_attention_2) is faster on a GPU for long sequences, but it
+# has CUDA kernels only, and only for float16 / bfloat16. What transformers 5.x does with a float32 model and
+# flash_attention_2 (integrations/flash_attention.py, modeling_utils._flash_attn_can_dispatch): loading only *warns*
+# ("Flash Attention 2 only supports torch.float16 and torch.bfloat16 dtypes ... use autocast or load with dtype");
+# in the forward pass get_target_dtype() casts float32 q/k/v only under torch.autocast (to the autocast dtype), and
+# otherwise "casts" them to the dtype of the model's Linear weights -- float32 again -- so flash-attn raises at the
+# first forward. So flash needs either autocast around every forward (in every role) or half-precision weights. We
+# take the explicit one: policy.dtype=bfloat16 loads policy and critic in bfloat16 everywhere, and 'auto' picks
+# flash only then; with the default float32 weights 'auto' stays on sdpa and says why. (bfloat16 weights with AdamW
+# and no float32 master copy drop updates smaller than ~1/256 of a weight: fine for throughput, questionable for
+# learning at lr 1e-6 -- docs/configuration.md, policy.dtype.)
+ATTN_CHOICES = ("auto", "sdpa", "eager", "flash_attention_2")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What every model this process builds or loads gets: the attention implementation and the weight dtype."""
+
+    implementation: str
+    dtype: str
+    reason: str
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def line(self) -> str:
+        return f"attention: {self.implementation} ({self.reason}); weights {self.dtype}"
+
+
+_attention = Attention("sdpa", "float32", "default")  # until configure_attention (tests, tools)
+
+
+@functools.lru_cache(maxsize=None)
+def flash_attn_importable() -> tuple[bool, str]:
+    """Whether flash-attn can be used by transformers here, and if not, why (checked once per process)."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False, "flash-attn not installed"
+    try:
+        importlib.import_module("flash_attn")
+    except Exception as error:  # a build for another torch / CUDA: an ImportError or an undefined symbol
+        return False, f"flash-attn installed but does not import ({type(error).__name__}: {str(error)[:120]})"
+    from transformers.utils import is_flash_attn_2_available
+
+    if not is_flash_attn_2_available():
+        return False, "flash-attn installed but transformers cannot use it (no CUDA, or an unsupported version)"
+    return True, "flash-attn installed"
+
+
+def resolve_attention(requested: str, device: str, dtype: str = "float32",
+                      flash: tuple[bool, str] | None = None) -> Attention:
+    """The implementation for `requested` (policy.attn_implementation) on `device` with `dtype` weights.
+
+    'auto': flash_attention_2 when flash-attn is importable, the device is CUDA and the weights are bfloat16, else
+    sdpa, with the reason. An explicit 'flash_attention_2' that cannot work raises ValueError (config.validate
+    catches the same cases before any job starts). `flash` = (importable, why) overrides the check (tests)."""
+    if requested not in ATTN_CHOICES:
+        raise ValueError(f"policy.attn_implementation={requested!r} is not allowed; choose one of "
+                         f"{', '.join(ATTN_CHOICES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"policy.dtype={dtype!r} is not allowed; choose one of {', '.join(DTYPES)}")
+    if requested in ("sdpa", "eager"):
+        return Attention(requested, dtype, "policy.attn_implementation")
+    available, why = flash if flash is not None else flash_attn_importable()
+    cuda = str(device).startswith("cuda")
+    if requested == "flash_attention_2":
+        if not available:
+            raise ValueError(f"policy.attn_implementation=flash_attention_2 but {why}: pip install flash-attn, or use "
+                             "policy.attn_implementation=auto")
+        if not cuda:
+            raise ValueError(f"policy.attn_implementation=flash_attention_2 needs a CUDA device (this model runs on "
+                             f"{device}); use policy.attn_implementation=auto")
+        if dtype == "float32":
+            raise ValueError("policy.attn_implementation=flash_attention_2 needs policy.dtype=bfloat16 (flash-attn "
+                             "has no float32 kernels)")
+        return Attention("flash_attention_2", dtype, "policy.attn_implementation")
+    if not available:
+        return Attention("sdpa", dtype, why)
+    if not cuda:
+        return Attention("sdpa", dtype, f"flash-attn installed, but this model runs on {device}")
+    if dtype == "float32":
+        return Attention("sdpa", dtype, "flash-attn installed, but policy.dtype=float32 and flash-attn needs bfloat16")
+    return Attention("flash_attention_2", dtype, f"auto: flash-attn installed, {device}, {dtype}")
+
+
+def configure_attention(policy_cfg, device: str, log=None) -> Attention:
+    """Resolve policy.attn_implementation / policy.dtype for this process's device, once, for every model that
+    build_* / load_* make from now on (policy and critic alike); logs the choice on `log`."""
+    global _attention
+    _attention = resolve_attention(policy_cfg.get("attn_implementation", "auto"), str(device),
+                                   policy_cfg.get("dtype", "float32"))
+    if log is not None:
+        log.info(_attention.line())
+    return _attention
+
+
+def current_attention() -> Attention:
+    return _attention
 
 
 @contextlib.contextmanager
@@ -84,7 +187,7 @@ def tiny_config(tokenizer, **arch) -> Qwen3Config:
         attention_dropout=0.0,
         use_cache=True,
     )
-    cfg._attn_implementation = ATTN_IMPLEMENTATION
+    cfg._attn_implementation = _attention.implementation
     return cfg
 
 
@@ -92,12 +195,13 @@ def _seeded_from_config(auto_cls, cfg, seed: int) -> PreTrainedModel:
     # fork the RNG so building a model does not disturb the caller's global torch stream
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = auto_cls.from_config(cfg, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32)
-    return model.float()
+        model = auto_cls.from_config(cfg, attn_implementation=_attention.implementation,
+                                     dtype=_attention.torch_dtype)
+    return model.to(_attention.torch_dtype)
 
 
 def build_tiny_policy(tokenizer, seed: int = 0, **arch) -> PreTrainedModel:
-    """A freshly initialised ``Qwen3ForCausalLM`` sized for the tokenizer (float32, train mode)."""
+    """A freshly initialised ``Qwen3ForCausalLM`` sized for the tokenizer (policy.dtype, train mode)."""
     model = _seeded_from_config(AutoModelForCausalLM, tiny_config(tokenizer, **arch), seed)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -112,9 +216,9 @@ def load_policy(path: str | os.PathLike) -> PreTrainedModel:
         return load_merged(path, "policy")
     with _quiet():
         model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+            str(path), dtype=_attention.torch_dtype, attn_implementation=_attention.implementation
         )
-    return model.float().eval()
+    return model.to(_attention.torch_dtype).eval()
 
 
 def _critic_config(cfg) -> Qwen3Config:
@@ -136,7 +240,7 @@ def build_critic(init_from: str | os.PathLike | None, tokenizer, seed: int = 0, 
         cfg = _critic_config(tiny_config(tokenizer, **arch))
         return _seeded_from_config(AutoModelForTokenClassification, cfg, seed)
     cfg = _critic_config(AutoConfig.from_pretrained(str(init_from)))
-    cfg._attn_implementation = ATTN_IMPLEMENTATION
+    cfg._attn_implementation = _attention.implementation
     critic = _seeded_from_config(AutoModelForTokenClassification, cfg, seed)
     policy = load_policy(init_from)
     missing, unexpected = critic.model.load_state_dict(policy.model.state_dict(), strict=True)
@@ -151,9 +255,9 @@ def load_critic(path: str | os.PathLike) -> PreTrainedModel:
         return load_merged(path, "critic")
     with _quiet():
         model = AutoModelForTokenClassification.from_pretrained(
-            str(path), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+            str(path), dtype=_attention.torch_dtype, attn_implementation=_attention.implementation
         )
-    return model.float().eval()
+    return model.to(_attention.torch_dtype).eval()
 
 
 def critic_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -164,7 +268,7 @@ def critic_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     to score.
     """
     out = critic(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    return out.logits.squeeze(-1)
+    return out.logits.squeeze(-1).float()  # float32 values (and losses) whatever policy.dtype is
 
 
 def save_model(model: PreTrainedModel, tokenizer, path: str | os.PathLike) -> None:

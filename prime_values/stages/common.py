@@ -71,6 +71,9 @@ class StageContext:
 
         torch.set_num_threads(os.cpu_count() or 1)  # a stage runs alone on its machine
         torch.manual_seed(self.seed())
+        from prime_values.models.build import configure_attention
+
+        configure_attention(self.cfg.policy, self.device, self.log)  # attention kernel and weight dtype, logged
 
     def seed(self, *salt: int) -> int:
         return zlib.crc32(repr((self.cfg.seed, self.name, salt)).encode()) % (2**31)
