@@ -224,7 +224,7 @@ def test_verifiers_single_turn_rollouts_masks_and_rubric(vf_envs, tiny):
     n = row["policy_mask"].index(1)
     again = teacher_forced_logprobs(model, [row["token_ids"][:n]], [row["token_ids"][n:]], 1.0, tokenizer.pad_token_id)
     assert again[0] == pytest.approx(row["sampling_logprobs"][n:], abs=1e-4)
-    # single-reply scoring (held-out evaluation, critic warm start) runs the same rubric
+    # single-reply scoring (task.score; no sampler uses it: they run episodes) runs the same rubric
     p = problems[0]
     assert task.score(p, p.answer) == 1.0 and task.score(p, "") == 0.0
 

@@ -1,4 +1,5 @@
-"""Held-out evaluation and supervised warm start for the embedded tasks.
+"""Sampling and scoring problems (held-out evaluation, the critic warm start, the eval stage) and the supervised
+warm start for the embedded tasks.
 
 Token layout everywhere: ``prompt_ids = tokenizer.encode(problem.prompt)`` (no special tokens),
 response = ``tokenizer.encode(task.solution(problem)) + [eos]``; sequences are right-padded for
@@ -14,30 +15,56 @@ from typing import Callable
 
 import torch
 
-from prime_values.models.sampling import greedy
+from prime_values.tasks.verifiers_env import EnvRollout
 
 
 def encode_prompts(tokenizer, problems) -> list[list[int]]:
     return [tokenizer.encode(p.prompt, add_special_tokens=False) for p in problems]
 
 
-def score_responses(tokenizer, task, problems, responses: list[list[int]]) -> list[float]:
-    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    return task.score_many(list(problems), texts)  # one batch: math checks it on every verifier worker
+def sample_and_score(model, tokenizer, task, problems, num_samples: int, max_new_tokens: int, temperature: float,
+                     seed: int, batch_size: int | None = None) -> list[EnvRollout]:
+    """``num_samples`` scored rollouts per problem, grouped by problem (``prompt_index`` into ``problems``).
+
+    A task that drives its own episodes (``task.rollout``: task=verifiers) runs them: multi-turn traces whose
+    environment tokens have ``policy_mask`` 0, rewarded by the environment's rubric after its ``run`` and
+    ``finalize``. Every other task samples one reply per rollout (``policy_mask`` 1 on it) and scores the batch
+    with ``task.score_many``. ``max_new_tokens`` caps each policy turn; ``temperature <= 0`` decodes greedily;
+    ``batch_size`` caps the rows one decode holds. The one path of the held-out evaluation, the critic warm
+    start's samples and the eval stage."""
+    from prime_values.models.sampling import sample
+
+    if hasattr(task, "rollout"):
+        return task.rollout(model, tokenizer, problems, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                            temperature=temperature, seed=seed, batch_size=batch_size)
+    prompt_ids = encode_prompts(tokenizer, problems)
+    completions = sample(model, prompt_ids, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                         temperature=temperature, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                         seed=seed, batch_size=batch_size)
+    texts = tokenizer.batch_decode([list(c.response_ids) for c in completions], skip_special_tokens=True)
+    # one batch: math checks it on every verifier worker
+    rewards = task.score_many([problems[c.prompt_index] for c in completions], texts)
+    out = []
+    for c, text, reward in zip(completions, texts, rewards):
+        prompt, response = prompt_ids[c.prompt_index], list(c.response_ids)
+        out.append(EnvRollout(c.prompt_index, prompt + response, [0] * len(prompt) + [1] * len(response),
+                              [0.0] * len(prompt) + [float(x) for x in c.logprobs], float(reward), c.stop_reason,
+                              text, turns=1))
+    return out
 
 
 def heldout_accuracy(model, tokenizer, task, problems=None, max_new_tokens: int | None = None,
                      batch_size: int = 256) -> float:
-    """Greedy-decoding exact-match accuracy on ``problems`` (default: ``task.heldout()``)."""
+    """Mean reward of one greedy rollout per problem (default: ``task.heldout()``): exact-match accuracy for
+    arith, the rubric's reward of whole (multi-turn) episodes for task=verifiers."""
     problems = task.heldout() if problems is None else problems
     if not problems:
         return float("nan")
     if max_new_tokens is None:
         max_new_tokens = task.max_answer_chars() + 1
-    responses = greedy(model, encode_prompts(tokenizer, problems), max_new_tokens,
-                       eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, batch_size=batch_size)
-    scores = score_responses(tokenizer, task, problems, responses)
-    return sum(scores) / len(scores)
+    rollouts = sample_and_score(model, tokenizer, task, problems, num_samples=1, max_new_tokens=max_new_tokens,
+                                temperature=0.0, seed=0, batch_size=batch_size)
+    return sum(r.reward for r in rollouts) / len(rollouts)
 
 
 def sft_batch(tokenizer, task, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

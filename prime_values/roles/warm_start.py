@@ -46,20 +46,20 @@ def supervised(ctx: RoleContext, model, tokenizer, task) -> float:
 
 
 def sample_for_critic(ctx: RoleContext, policy, tokenizer, task) -> list[dict]:
-    """Rollouts of the warm-started policy with their Monte-Carlo value targets (the critic's first data)."""
-    from prime_values.models.sampling import sample
-    from prime_values.roles.evaluation import encode_prompts
-    from prime_values.roles.inference import build_rows
+    """Rollouts of the warm-started policy with their Monte-Carlo value targets (the critic's first data): sampled
+    as the inference role samples (``group_size`` per prompt at ``inference.temperature``; a task with episodes,
+    task=verifiers, runs them, so multi-turn traces keep their environment tokens at policy_mask 0)."""
+    from prime_values.roles.evaluation import sample_and_score
+    from prime_values.roles.inference import env_rows
 
     cfg, rows, rng = ctx.cfg, [], random.Random(ctx.seed(2))
     prompts = max(1, cfg.critic.warm_start.rollouts // cfg.inference.group_size)
     for chunk, begin in enumerate(range(0, prompts, 64)):
         problems = task.sample(rng, min(64, prompts - begin))
-        prompt_ids = encode_prompts(tokenizer, problems)
-        completions = sample(policy, prompt_ids, num_samples=cfg.inference.group_size,
-                             max_new_tokens=cfg.inference.max_new_tokens, temperature=cfg.inference.temperature,
-                             eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, seed=ctx.seed(3, chunk))
-        rows += build_rows(problems, completions, prompt_ids, task, 0, "pretrain", chunk, tokenizer)
+        rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=cfg.inference.group_size,
+                                    max_new_tokens=cfg.inference.max_new_tokens,
+                                    temperature=cfg.inference.temperature, seed=ctx.seed(3, chunk))
+        rows += env_rows(problems, rollouts, 0, "pretrain", chunk)
     return with_mc_returns(ctx, rows)
 
 

@@ -1,5 +1,7 @@
 """The `eval` stage: sample `eval.samples` (n) completions per held-out prompt at `eval.temperature`, score them
-with the task's verifier, and report avg@n and pass@k.
+with the task's verifier, and report avg@n and pass@k. A completion is what the inference role samples: one
+reply, or for a task with episodes (task=verifiers) a whole (multi-turn) episode scored by the environment's
+rubric; a sample is correct when its reward is at least 1.
 
 - avg@n: the mean over prompts of c/n (c = correct completions of that prompt): the expected accuracy of one
   sample, i.e. pass@1;
@@ -50,8 +52,8 @@ def main(run_dir: str) -> dict:
 
     from transformers import AutoTokenizer
 
-    from prime_values.models import load_policy, sample
-    from prime_values.roles.evaluation import encode_prompts
+    from prime_values.models import load_policy
+    from prime_values.roles.evaluation import sample_and_score
     from prime_values.rundir import write_atomic
     from prime_values.tasks import make_task
 
@@ -69,13 +71,10 @@ def main(run_dir: str) -> dict:
         correct: list[int] = []
         for chunk, begin in enumerate(range(0, len(problems), per_chunk)):
             batch = problems[begin:begin + per_chunk]
-            completions = sample(model, encode_prompts(tokenizer, batch), num_samples=ev.samples,
-                                 max_new_tokens=max_new, temperature=ev.temperature, eos_id=tokenizer.eos_token_id,
-                                 pad_id=tokenizer.pad_token_id, seed=ctx.seed(chunk), batch_size=ev.batch_size)
-            texts = tokenizer.batch_decode([c.response_ids for c in completions], skip_special_tokens=True)
-            scores = task.score_many([batch[c.prompt_index] for c in completions], texts)
+            rollouts = sample_and_score(model, tokenizer, task, batch, num_samples=ev.samples, max_new_tokens=max_new,
+                                        temperature=ev.temperature, seed=ctx.seed(chunk), batch_size=ev.batch_size)
             for i in range(len(batch)):
-                correct.append(sum(s >= 1.0 for c, s in zip(completions, scores) if c.prompt_index == i))
+                correct.append(sum(r.reward >= 1.0 for r in rollouts if r.prompt_index == i))
             ctx.metrics.log(prompts_done=len(correct), prompts=len(problems),
                             running_avg=sum(correct) / (len(correct) * ev.samples))
             if ctx.stopping():

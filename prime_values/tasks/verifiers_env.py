@@ -30,6 +30,13 @@ suffix the template adds after the conversation so far, plus the generation prom
 (the embedded character tokenizer) uses plain text: a system prompt and a newline, then each user/tool message's
 text as is (the sampled eos separates turns).
 
+Every place that samples and scores runs episodes through ``rollout`` (``roles.evaluation.sample_and_score``;
+the inference role's ``generate_rows``): RL rollouts, the held-out evaluation (policy trainer ``eval_every``,
+warm start, ``sft`` stage; greedy: ``temperature`` 0), the critic warm start's samples of policy v0 (their
+environment tokens have ``policy_mask`` 0) and the ``eval`` stage's avg@k / pass@k (a sample is correct when its
+episode's reward is at least 1). ``score_many`` scores a single reply without the environment's ``run``, which
+is right for a single-turn environment only.
+
 An episode whose environment raises is one rollout with ``stop_reason`` ``error`` and reward 0 (a failure before
 any policy turn keeps only the prompt, every token masked), so a group always holds ``group_size`` rollouts.
 
@@ -141,9 +148,11 @@ class TurnBatcher:
     """Collects the next-turn prompts of concurrently running episodes and samples them in one batched decode
     once every live episode is waiting (or done)."""
 
-    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float, seed: int):
+    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float, seed: int,
+                 batch_size: int | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
+        self.batch_size = batch_size  # rows decoded together (None: every waiting prompt at once)
         self.live = 0
         self.calls = 0
         self._pending: list[tuple[list[int], int, asyncio.Future]] = []
@@ -173,7 +182,8 @@ class TurnBatcher:
             try:
                 completions = sample(self.model, [ids for ids, _ in batch], num_samples=1, max_new_tokens=cap,
                                      temperature=self.temperature, eos_id=self.tokenizer.eos_token_id,
-                                     pad_id=self.tokenizer.pad_token_id, seed=self.seed + self.calls)
+                                     pad_id=self.tokenizer.pad_token_id, seed=self.seed + self.calls,
+                                     batch_size=self.batch_size)
             except Exception as error:  # noqa: BLE001 - every waiting episode sees the failure
                 for _, future in batch:
                     future.set_exception(error)
@@ -329,7 +339,8 @@ class _Seat:
 
 @dataclass
 class EnvRollout:
-    """One finished episode, as the inference role records it."""
+    """One finished, scored episode, as the inference role records it (``roles.evaluation.sample_and_score`` gives
+    a single-reply task's rollouts the same shape: one turn)."""
 
     prompt_index: int
     token_ids: list[int]
@@ -457,14 +468,16 @@ class VerifiersTask:
 
     # ------------------------------------------------------------------ rollouts
     def rollout(self, model, tokenizer, problems: list[Problem], num_samples: int, max_new_tokens: int,
-                temperature: float, seed: int, max_context: int | None = None) -> list[EnvRollout]:
+                temperature: float, seed: int, max_context: int | None = None,
+                batch_size: int | None = None) -> list[EnvRollout]:
         """``num_samples`` episodes per problem (grouped by problem, like ``sample``), run concurrently through
         the environment's own ``run``; one batched decode per turn. ``max_new_tokens`` caps each policy turn,
-        ``max_context`` the whole trace (default: the model's ``max_position_embeddings``)."""
+        ``max_context`` the whole trace (default: the model's ``max_position_embeddings``); ``temperature <= 0``
+        decodes greedily (what the held-out evaluation uses); ``batch_size`` caps the rows one decode holds."""
         if max_context is None:
             max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         renderer = Renderer(tokenizer)
-        batcher = TurnBatcher(model, tokenizer, max_new_tokens, temperature, seed)
+        batcher = TurnBatcher(model, tokenizer, max_new_tokens, temperature, seed, batch_size)
         runner = _EpisodeRunner(self.env, renderer, tokenizer, batcher, self.max_turns, max_new_tokens, max_context)
 
         async def all_episodes():
@@ -475,9 +488,10 @@ class VerifiersTask:
 
     # ------------------------------------------------------------------ single-reply scoring
     def score_many(self, problems: list[Problem], texts: list[str]) -> list[float]:
-        """The rubric on a one-reply conversation (prompt, then ``text`` as the assistant's answer): what the
-        held-out evaluation and the critic warm start use. A multi-turn environment is scored properly only
-        through ``rollout``."""
+        """The rubric on a one-reply conversation (prompt, then ``text`` as the assistant's answer), without the
+        environment's ``run``/``finalize``: right for a single-turn environment only. Nothing in a run scores
+        rollouts this way (every sampler -- inference, held-out evaluation, critic warm start, the eval stage --
+        runs episodes through ``rollout``); it serves ``score`` and checks by hand."""
         import verifiers.v1 as vf
 
         async def one(problem: Problem, text: str) -> float:
