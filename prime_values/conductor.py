@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
-from prime_values.launch import entry, kill_tree, make_executor, resolve_devices, role_procs
+from prime_values.launch import entry, kill_tree, make_executor, resolve_devices, role_gpus, role_procs
 from prime_values.live import Progress  # the live view (prime_values/live.py)
 from prime_values.rundir import RunDir, write_atomic
 from prime_values.weights import latest_version
@@ -53,7 +53,8 @@ class Fleet:
 
     def _launch(self, role_job: RoleJob) -> None:
         executor = make_executor(self.cfg.launcher, self.run.jobs, role_job.name, role_job.device,
-                                 tasks=role_procs(self.cfg.topology, role_job.role))  # trainers: one task per rank
+                                 tasks=role_procs(self.cfg.topology, role_job.role),  # trainers: one task per rank
+                                 gpus=role_gpus(self.cfg.topology, role_job.role))
         role_job.job = executor.submit(entry(role_job.role), str(self.run.root), *role_job.args)
 
     def submit(self, name: str, role: str, device: str, *args) -> RoleJob:

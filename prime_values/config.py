@@ -240,6 +240,9 @@ class TopologyConfig:
     """inference jobs, each with its own log shard and slice of the prompt stream"""
     inference_device: str = "cpu"
     """device of each inference worker: 'cpu', 'cuda:<i>', or 'auto' (a GPU per role while GPUs last, else CPU)"""
+    inference_tp: int = 1
+    """tensor-parallel ranks of each inference worker (inference=vllm only): that many GPUs, consecutive from
+    inference_device (cuda:2 with 2 uses cuda:2 and cuda:3; on SLURM the job asks for that many GPUs)"""
     evaluator_device: str = "cpu"
     """device of the dedicated value evaluator"""
     policy_trainer_device: str = "cpu"
@@ -328,7 +331,14 @@ class TaskConfig:
 @dataclass
 class InferenceConfig:
     backend: str = "hf"
-    """'hf' (transformers generate, any device)"""
+    """'hf' (transformers, any device) or 'vllm' (vLLM's offline engine, versions adopted in place; the optional
+    extra prime_values[vllm]; docs/inference.md)"""
+    dtype: str = "float32"
+    """vllm: the engine's dtype; float32 gives the logprobs the fp32 trainer recomputes, bfloat16 / float16 are
+    faster on a GPU ('auto': vLLM's choice, which downcasts fp32 checkpoints)"""
+    vllm_args: Dict[str, Any] = field(default_factory=dict)
+    """vllm: extra keyword arguments of vllm.LLM, e.g. {gpu_memory_utilization: 0.3, max_model_len: 4096,
+    enforce_eager: true} (a CPU engine's KV cache defaults to kv_cache_memory_bytes=1 GiB)"""
     group_size: int = 8
     """completions sampled per prompt (one group)"""
     prompts_per_step: int = 16
@@ -528,7 +538,8 @@ ALLOWED = {
     "policy.trust_region": ("clip", "prob_diff"),
     "topology.evaluator": ("dedicated", "colocated"),
     "schedule.mode": ("async", "lockstep"),
-    "inference.backend": ("hf",),
+    "inference.backend": ("hf", "vllm"),
+    "inference.dtype": ("auto", "float32", "bfloat16", "float16"),
     "launcher.name": ("local", "slurm"),
     "replay.sampling": ("uniform", "fifo", "recent"),
     "critic.loss": ("mse", "huber", "bce"),
@@ -581,6 +592,22 @@ def _check_slurm(launcher) -> None:
                           f"choose one of: {', '.join(names)}")
 
 
+def _check_backend(cfg) -> None:
+    """inference.backend: installed (one line saying how to install it), and what it can serve."""
+    from prime_values import backends
+
+    name, tp = cfg.inference.backend, cfg.topology.inference_tp
+    problem = backends.missing(name)
+    if problem:
+        raise ConfigError(problem)
+    if tp < 1 or (tp > 1 and name != "vllm"):
+        raise ConfigError(f"topology.inference_tp={tp} must be >= 1, and > 1 only with inference=vllm (the hf "
+                          "backend runs on one device)")
+    if name == "vllm" and cfg.task.name == "verifiers":
+        raise ConfigError("task=verifiers rolls out its episodes through the transformers model; use inference=hf "
+                          "with it (inference=vllm samples single-turn replies)")
+
+
 def validate(cfg, cuda_count: Optional[int] = None) -> None:
     """Checks a type cannot express. Raises ConfigError with one sentence naming the key and what is allowed."""
     import difflib
@@ -595,7 +622,8 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                 hint = f" (did you mean '{near[0]}'?)" if near else ""
                 raise ConfigError(f"unknown config key '{prefix}{key}'{hint}; remove it or use one of the keys under "
                                   f"'{prefix or '<root>'}': {', '.join(allowed)}")
-            if isinstance(schema[key], DictConfig) and isinstance(node[key], DictConfig):
+            if isinstance(schema[key], DictConfig) and isinstance(node[key], DictConfig) and \
+                    OmegaConf.get_type(schema[key]) is not dict:  # a free-form dict (task.env_args) holds any key
                 no_unknown_keys(node[key], schema[key], f"{prefix}{key}.")
 
     if isinstance(cfg, DictConfig):
@@ -709,6 +737,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     if cfg.inference.group_size < 2 and cfg.advantage.estimator in ("grpo", "tether"):
         raise ConfigError(f"inference.group_size must be >= 2 for advantage={cfg.advantage.estimator} "
                           "(a group mean of one is the reward)")
+    _check_backend(cfg)
     workers = cfg.topology.inference_workers
     if cfg.inference.prompts_per_step % workers:
         raise ConfigError(f"inference.prompts_per_step={cfg.inference.prompts_per_step} must be divisible by "
@@ -804,12 +833,13 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     for role in ("inference", "evaluator", "policy_trainer", "value_trainer"):
         key = f"topology.{role}_device"
         _check_device(key, _get(cfg, key), cuda_count)
-    for role in ("policy_trainer", "value_trainer"):
-        key, device = f"topology.{role}_procs", _get(cfg, f"topology.{role}_device")
+    for role, key in (("policy_trainer", "topology.policy_trainer_procs"),
+                      ("value_trainer", "topology.value_trainer_procs"), ("inference", "topology.inference_tp")):
+        device = _get(cfg, f"topology.{role}_device")
         procs = _get(cfg, key)
         if procs > 1 and device.startswith("cuda:") and int(device[5:]) + procs > cuda_count:
             first = int(device[5:])
-            raise ConfigError(f"{key}={procs} needs one GPU per process, cuda:{first}..cuda:{first + procs - 1} from "
+            raise ConfigError(f"{key}={procs} needs one GPU per process (rank), cuda:{first}..cuda:{first + procs - 1} from "
                               f"topology.{role}_device={device}, but this machine has "
                               f"{f'cuda:0..cuda:{cuda_count - 1}' if cuda_count else 'no CUDA device'}; lower {key} "
                               f"or start from a lower device")

@@ -95,3 +95,61 @@ def test_configuration_doc_is_current():
 
     assert (REPO / "docs" / "configuration.md").read_text() == configuration_doc(), \
         "regenerate: python -m prime_values.config > docs/configuration.md"
+
+
+def test_inference_vllm_without_vllm_is_one_line_before_any_job(tmp_path):
+    """vLLM is an optional extra: choosing it where it is not installed fails at config time, saying how to
+    install it. The child process hides vLLM whether or not this venv has it (sys.modules[name] = None)."""
+    code = "import sys; sys.modules['vllm'] = None; from prime_values.__main__ import main; main()"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-c", code, "+experiment=arith", "inference=vllm",
+                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("prime_values: config error: inference=vllm needs vLLM"), \
+        result.stderr
+    assert "pip install 'prime_values[vllm]'" in lines[0]
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_inference_backend_checks(monkeypatch):
+    from prime_values import backends
+    from prime_values.__main__ import precheck
+
+    monkeypatch.setattr(backends, "installed", lambda module: False)
+    assert precheck(["+experiment=arith", "inference=vllm"]) == backends.INSTALL_HINT["vllm"]
+    assert precheck(["+experiment=arith"]) is None  # hf needs nothing optional
+    monkeypatch.setattr(backends, "installed", lambda module: True)
+    assert precheck(["+experiment=arith", "inference=vllm", "topology.inference_tp=2",
+                     "+inference.vllm_args.max_model_len=64"]) is None
+    assert "only with inference=vllm" in precheck(["+experiment=arith", "topology.inference_tp=2"])
+    assert "must be >= 1" in precheck(["+experiment=arith", "inference=vllm", "topology.inference_tp=0"])
+    assert "use inference=hf" in precheck(["+experiment=arith", "inference=vllm", "task=verifiers",
+                                           "task.env_id=reverse-text"])
+    assert "inference.dtype='fp8' is not allowed" in precheck(["+experiment=arith", "inference=vllm",
+                                                               "inference.dtype=fp8"])
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.structured(Config)
+    cfg.inference.backend, cfg.topology.inference_tp, cfg.topology.inference_device = "vllm", 2, "cuda:1"
+    validate(cfg, cuda_count=3)
+    with pytest.raises(ConfigError, match=r"topology.inference_tp=2 needs one GPU per process \(rank\), "
+                                          r"cuda:1..cuda:2"):
+        validate(cfg, cuda_count=2)
+
+
+def test_a_tensor_parallel_inference_job_gets_its_gpus(tmp_path):
+    from omegaconf import OmegaConf
+
+    from prime_values.launch import make_executor, resolve_devices, role_gpus
+
+    cfg = OmegaConf.structured(Config)
+    cfg.topology.inference_tp = 2
+    assert role_gpus(cfg.topology, "inference") == 2 and role_gpus(cfg.topology, "evaluator") == 1
+    for key in ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device"):
+        cfg.topology[key] = "auto"
+    resolve_devices(cfg.topology, cuda_count=4)
+    assert (cfg.topology.inference_device, cfg.topology.evaluator_device) == ("cuda:0", "cuda:2")
+    executor = make_executor(cfg.launcher, tmp_path, "inference0", "cuda:2", tasks=1, gpus=2)
+    assert executor.parameters["visible_gpus"] == [2, 3] and executor.parameters["tasks_per_node"] == 1

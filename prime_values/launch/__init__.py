@@ -14,6 +14,11 @@ def role_procs(topology, role: str) -> int:
     return int(topology.get(f"{role}_procs", 1)) if role in ("policy_trainer", "value_trainer") else 1
 
 
+def role_gpus(topology, role: str) -> int:
+    """GPUs of a role's job on a GPU device: one per process, and an inference worker's topology.inference_tp."""
+    return int(topology.get("inference_tp", 1)) if role == "inference" else role_procs(topology, role)
+
+
 def resolve_devices(topology, cuda_count: int) -> None:
     """Replace 'auto' devices in place: one GPU per role in a fixed order while GPUs last, else the CPU (a
     trainer with N processes takes N consecutive GPUs, or the CPU when fewer than N are left)."""
@@ -24,7 +29,7 @@ def resolve_devices(topology, cuda_count: int) -> None:
         if key == "evaluator_device" and topology.evaluator == "colocated":
             topology[key] = "cpu"  # unused: the evaluator is served inside the value trainer
             continue
-        need = role_procs(topology, key.removesuffix("_device"))
+        need = role_gpus(topology, key.removesuffix("_device"))
         if next_gpu + need <= cuda_count:
             topology[key] = f"cuda:{next_gpu}"
             next_gpu += need
@@ -40,13 +45,14 @@ def entry(role: str):
     return getattr(importlib.import_module(module), function)
 
 
-def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int = 1):
+def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int = 1, gpus: int | None = None):
     """A submitit executor for role `name`: a local subprocess, or an sbatch job (launcher=slurm) that asks for
     one GPU when the role's device is a GPU. `tasks` > 1 (a multi-process trainer): that many tasks of one job
-    (one node), each with its own GPU on a GPU device (locally the `tasks` GPUs from `device` on)."""
+    (one node), each with its own GPU on a GPU device (locally the `tasks` GPUs from `device` on). `gpus`: the
+    job's GPUs when not one per task (a tensor-parallel inference worker: one task, topology.inference_tp GPUs)."""
     import submitit
 
-    gpus = tasks if device.startswith("cuda") else 0
+    gpus = (tasks if gpus is None else gpus) if device.startswith("cuda") else 0
     if launcher.name == "slurm":
         from prime_values.launch.slurm import make_slurm_executor
 

@@ -14,7 +14,7 @@ import time
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.rundir import write_atomic
-from prime_values.weights import Adopter, latest_version
+from prime_values.weights import latest_version
 
 
 def build_rows(problems, completions, prompt_ids, task, policy_version: int, shard: str, chunk: int,
@@ -70,22 +70,24 @@ def env_rows(problems, rollouts, policy_version: int, shard: str, chunk: int) ->
     return rows
 
 
-def generate_rows(task, model, tokenizer, problems, cfg, seed: int, policy_version: int, shard: str,
+def generate_rows(task, policy, tokenizer, problems, cfg, seed: int, policy_version: int, shard: str,
                   chunk: int) -> list[dict]:
-    """Sample and score one chunk: ``group_size`` rollouts per problem. A task that drives its own turns
-    (``task.rollout``, e.g. task=verifiers) runs its episodes; every other task is one sampled reply per rollout."""
-    from prime_values.models.sampling import sample
+    """Sample and score one chunk: ``group_size`` rollouts per problem. ``policy`` is an inference backend
+    (``prime_values.backends``: hf or vllm) or a bare transformers model (sampled as the hf backend does). A task
+    that drives its own turns (``task.rollout``, e.g. task=verifiers; hf only) runs its episodes; every other task
+    is one sampled reply per rollout."""
+    from prime_values.backends import as_backend
     from prime_values.roles.evaluation import encode_prompts
 
-    inf = cfg.inference
+    inf, backend = cfg.inference, as_backend(policy)
     if hasattr(task, "rollout"):
-        rollouts = task.rollout(model, tokenizer, problems, num_samples=inf.group_size,
+        rollouts = task.rollout(backend.model, tokenizer, problems, num_samples=inf.group_size,
                                 max_new_tokens=inf.max_new_tokens, temperature=inf.temperature, seed=seed)
         return env_rows(problems, rollouts, policy_version, shard, chunk)
     prompt_ids = encode_prompts(tokenizer, problems)
-    completions = sample(model, prompt_ids, num_samples=inf.group_size, max_new_tokens=inf.max_new_tokens,
-                         temperature=inf.temperature, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                         seed=seed)
+    completions = backend.sample(prompt_ids, num_samples=inf.group_size, max_new_tokens=inf.max_new_tokens,
+                                 temperature=inf.temperature, eos_id=tokenizer.eos_token_id,
+                                 pad_id=tokenizer.pad_token_id, seed=seed)
     return build_rows(problems, completions, prompt_ids, task, policy_version, shard, chunk, tokenizer)
 
 
@@ -112,17 +114,26 @@ class WarmupOffset:
 
 
 def main(run_dir: str, worker: int = 0) -> None:
-    from transformers import AutoTokenizer
-
-    from prime_values.models import load_policy, lora
-    from prime_values.tasks import make_task
+    from prime_values.backends import make_backend
 
     ctx = RoleContext(run_dir, f"inference{worker}", "inference_device")
-    cfg, shard = ctx.cfg, f"w{worker}"
+    backend = make_backend(ctx.cfg, ctx.device, ctx.run.weights("policy"), seed=ctx.seed())  # inference.backend
+    try:
+        generate(ctx, backend, f"w{worker}")
+    finally:
+        backend.close()
+
+
+def generate(ctx: RoleContext, backend, shard: str) -> None:
+    """The worker's loop: adopt the newest policy version (`backend.policy`, an Adopter: in place, LoRA versions
+    adapter only), sample a chunk for the step it is meant for, append it to the log shard."""
+    from transformers import AutoTokenizer
+
+    from prime_values.tasks import make_task
+
+    cfg, policy, timers = ctx.cfg, backend.policy, Timers()
     task = make_task(**cfg.task)
     policy_root = ctx.run.weights("policy")
-    timers = Timers()
-    policy = Adopter(policy_root, lora.Adopting(load_policy, ctx.device))  # LoRA versions: adapter loaded in place
     with timers.time("wait"):
         policy.wait(timeout_s=600, stop=ctx.stopping)
     tokenizer = AutoTokenizer.from_pretrained(policy_root / str(policy.version))
@@ -149,7 +160,7 @@ def main(run_dir: str, worker: int = 0) -> None:
         rng = random.Random(ctx.seed(chunk))
         problems = task.sample(rng, prompts_per_chunk)
         with timers.time("compute"):
-            rows = generate_rows(task, policy.value, tokenizer, problems, cfg, ctx.seed(chunk, 1), policy.version,
+            rows = generate_rows(task, backend, tokenizer, problems, cfg, ctx.seed(chunk, 1), policy.version,
                                  shard, chunk)
         generated = time.time() - started
         with timers.time("io"):

