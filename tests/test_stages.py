@@ -220,3 +220,30 @@ def test_sft_from_an_earlier_runs_rollouts(math_run, tmp_path):
     none = cli(*MATH_SMALL, "stage=sft", "sft.data=''", f"sft.from_run={run_dir}", "sft.min_reward=2",
                f"hydra.run.dir={tmp_path / 'none'}")
     assert none.returncode == 1 and "has reward >= sft.min_reward=2.0" in none.stderr, none.stderr[-2000:]
+
+
+def test_gpu_check_figures_from_the_math_run(math_run):
+    """recipes/math_gpu_check.py (the one-GPU check of this recipe) reads its figures from a real run's metrics:
+    inference tokens/s, evaluator scoring tokens/s, policy- and value-trainer step times; and every role and stage
+    logged the attention it resolved (policy.attn_implementation=auto: sdpa here)."""
+    import importlib.util
+
+    import pyarrow.dataset as ds
+
+    spec = importlib.util.spec_from_file_location("math_gpu_check", REPO / "recipes" / "math_gpu_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    run_dir, _ = math_run
+    fig = check.extract(run_dir)
+    rollouts = ds.dataset(run_dir / "log" / "rollouts", format="arrow").to_table()
+    new_tokens = sum(sum(mask) for mask in rollouts.column("policy_mask").to_pylist())
+    assert fig["inference"]["records"] >= 2 and abs(fig["inference"]["tokens"] - new_tokens) <= 1
+    assert fig["inference"]["tokens_per_s"] > 0 and fig["evaluator"]["tokens_per_s"] > 0
+    assert fig["policy_trainer"]["steps"] == 2 and fig["policy_trainer"]["median_s"] > 0
+    critic_steps = [json.loads(line) for line in (run_dir / "metrics" / "value_trainer.jsonl").read_text().splitlines()]
+    assert fig["value_trainer"]["steps"] == sum("critic_step" in r for r in critic_steps)
+    rows = check.table(fig).splitlines()
+    assert len(rows) == 6 and rows[2].startswith("| inference: generated tokens/s | ") and "—" not in rows[2]
+    logs = {p.parent.name: p.read_text(errors="replace") for p in run_dir.glob("jobs/*/*.err")}
+    for job in ("sft", "warm_start", "inference0", "evaluator", "policy_trainer", "value_trainer", "eval"):
+        assert "attention: sdpa" in logs[job], job
