@@ -44,6 +44,14 @@ SMOKE = ["task.heldout_size=16", "inference.prompts_per_step=4", "inference.grou
          "critic.batch_rollouts=16", "critic.publish_every=1", "policy.arch.hidden_size=64", "policy.arch.num_heads=2",
          "policy.arch.num_kv_heads=1", "policy.arch.intermediate_size=128", "policy.warm_start.steps=10",
          "critic.warm_start.steps=5", "critic.warm_start.rollouts=64"]
+ROLE_DEVICES = ("inference", "evaluator", "policy_trainer", "value_trainer")
+
+
+def device_overrides(device: str | None) -> list[str]:
+    """Every role on `device` (GPU mode: on one GPU the roles time-share it); None keeps the experiment's own."""
+    return [f"topology.{role}_device={device}" for role in ROLE_DEVICES] if device else []
+
+
 CASES = {
     "async": [],
     "slow_critic": ["critic.throttle_factor=9"],
@@ -121,12 +129,13 @@ def measure_run(run: Path, steps: int) -> dict:
 
 
 def run_cases(out_dir: Path, smoke: bool = False, steps: int | None = None, reps: int | None = None,
-              cases: dict | None = None, log=print, warm: str | None = None) -> dict:
-    """Every case `reps` times, alternating; returns {case: [measure_run per rep]} plus the settings."""
+              cases: dict | None = None, log=print, warm: str | None = None, device: str | None = None) -> dict:
+    """Every case `reps` times, alternating; returns {case: [measure_run per rep]} plus the settings. `device`
+    puts every role on it (`device_overrides`)."""
     steps = steps or (3 if smoke else 30)
     reps = reps or (1 if smoke else 2)
     cases = cases or CASES
-    overrides = [*BASE, *(SMOKE if smoke else []), f"eval_every={1 if smoke else 10}"]
+    overrides = [*BASE, *(SMOKE if smoke else []), f"eval_every={1 if smoke else 10}", *device_overrides(device)]
     timeout_s = 300 if smoke else 900
     base = Path(tempfile.mkdtemp(prefix="bench_pipeline_", dir=out_dir))
     began = time.time()

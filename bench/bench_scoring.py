@@ -45,7 +45,7 @@ def load_models(policy_dir: str | None, critic_dir: str | None, arch: dict):
 
 
 def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str | None = None,
-            reps: int | None = None, max_new_tokens: int | None = None) -> dict:
+            reps: int | None = None, max_new_tokens: int | None = None, device: str = "cpu") -> dict:
     from omegaconf import OmegaConf
 
     from prime_values.config import Config
@@ -62,6 +62,7 @@ def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str 
     reps = reps or (2 if smoke else 5)
     torch.set_num_threads(cfg.topology.threads_per_role)
     tokenizer, policy, critic = load_models(policy_dir, critic_dir, arch)
+    policy, critic = policy.to(device), critic.to(device)
     task = make_task(**cfg.task)
     inf = cfg.inference
     if max_new_tokens:
@@ -75,6 +76,7 @@ def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str 
             completions = sample(policy, prompt_ids, num_samples=inf.group_size, max_new_tokens=inf.max_new_tokens,
                                  temperature=inf.temperature, eos_id=tokenizer.eos_token_id,
                                  pad_id=tokenizer.pad_token_id, seed=rep)
+            _sync(device)
             gen_s.append(time.perf_counter() - began)
         rows = build_rows(problems, completions, prompt_ids, task, 0, "w0", rep, tokenizer)
         gen_tokens.append(sum(sum(r["policy_mask"]) for r in rows))
@@ -84,21 +86,29 @@ def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str 
             for begin in range(0, len(rows), cfg.critic.score_batch_rollouts):
                 chunk = rows[begin: begin + cfg.critic.score_batch_rollouts]
                 CriticInputs(chunk, tokenizer, cfg.critic.template, cfg.critic.privileged, cfg.critic.max_length,
-                             "cpu").values(critic, cfg.critic.loss)
+                             device).values(critic, cfg.critic.loss)
+            _sync(device)
             score_s.append(time.perf_counter() - began)
     return {"gen_tokens_per_s": [n / s for n, s in zip(gen_tokens, gen_s)],
             "score_states_per_s": [n / s for n, s in zip(states, score_s)],
             "rollouts": len(rows), "mean_trace_tokens": statistics.mean(states) / len(rows),
             "mean_response_tokens": statistics.mean(gen_tokens) / len(rows),
-            "params": sum(p.numel() for p in policy.parameters())}
+            "params": sum(p.numel() for p in policy.parameters()), "device": device}
 
 
-def bench_rows(smoke: bool = False, policy_dir: str | None = None, critic_dir: str | None = None) -> list[dict]:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def bench_rows(smoke: bool = False, policy_dir: str | None = None, critic_dir: str | None = None,
+               device: str = "cpu") -> list[dict]:
     """Two rows: the given (or fresh) models on the task's own lengths, and fresh (untrained) models whose samples
     run to a longer generation cap (LONG tokens; 16 in smoke): how the ratio grows with the response length."""
-    rows = [_row(measure(smoke, policy_dir, critic_dir), "")]
+    rows = [_row(measure(smoke, policy_dir, critic_dir, device=device), "")]
     long = 16 if smoke else LONG
-    rows.append(_row(measure(smoke, max_new_tokens=long), f", untrained models, max_new_tokens={long}"))
+    rows.append(_row(measure(smoke, max_new_tokens=long, device=device),
+                     f", untrained models, max_new_tokens={long}"))
     return rows
 
 
@@ -108,7 +118,8 @@ LONG = 64
 def _row(m: dict, label: str) -> dict:
     xs = [s / g for s, g in zip(m["score_states_per_s"], m["gen_tokens_per_s"])]
     return {"measure": f"scoring keeps up: evaluator states/s / inference tokens/s ({m['rollouts']} rollouts, "
-                       f"{m['params'] / 1e6:.1f}M params, 1 thread{label})",
+                       f"{m['params'] / 1e6:.1f}M params, "
+                       f"{'1 thread' if m['device'] == 'cpu' else m['device']}{label})",
             "ours": statistics.median(m["score_states_per_s"]), "baseline": statistics.median(m["gen_tokens_per_s"]),
             "unit": "tokens/s", "ratio": statistics.median(xs), "spread": [min(xs), max(xs)],
             "goal": f">= {GOAL:g}", "met": statistics.median(xs) >= GOAL, "reps": len(xs),

@@ -3,6 +3,7 @@
     python -m bench                      # the full suite (~15-25 min on 2 CPU cores)
     python -m bench --smoke              # tiny sizes, every code path (tests/test_bench_suite.py)
     python -m bench --only log,gae       # a subset: log, gae, scoring, pipeline
+    python -m bench --device cuda:0      # GPU mode: every role and the scoring models on one GPU (bench/gpu_suite.sh)
 
 Each benchmark runs its two sides in this invocation, alternating repetitions; ratios are paired per
 repetition, reported as the median with the [min-max] spread. The table and every measurement go to
@@ -69,6 +70,15 @@ def notes(rows: list[dict]) -> list[str]:
     return [f"- {r['measure']}: {r['note']}" for r in rows if r.get("note")]
 
 
+def device_name(device: str | None) -> str:
+    """What ran the models: 'CPU only', or e.g. 'cuda:0 = NVIDIA H200 (all roles time-share it)'."""
+    if not device or device == "cpu":
+        return "CPU only"
+    import torch
+
+    return f"{device} = {torch.cuda.get_device_name(torch.device(device))} (all roles time-share it)"
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +89,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--reps", type=int, default=None, help="repetitions of every pipeline case (default 2; smoke 1)")
     ap.add_argument("--warm", default=None, help="reuse policy and critic version 0 of this earlier run directory of "
                     "+experiment=arith (default: a warm-start run first, shared by every pipeline run)")
+    ap.add_argument("--device", default=None, help="GPU mode: every role of the pipeline runs and both models of "
+                    "the scoring benchmark on this device, e.g. cuda:0 (one GPU: the roles time-share it); the log "
+                    "and GAE benchmarks stay on the CPU, where the orchestrator and the log writers run")
     ap.add_argument("--keep-runs", action="store_true", help="keep the pipeline runs' directories under --out")
     args = ap.parse_args(argv)
     only = [g.strip() for g in args.only.split(",") if g.strip()]
@@ -100,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         log("pipeline: async / slow critic / colocated / grpo / lockstep, alternating repetitions")
         pipeline = bench_pipeline.run_cases(out if args.keep_runs else None, args.smoke, args.steps, args.reps,
-                                            log=lambda text: log(text), warm=args.warm)
+                                            log=lambda text: log(text), warm=args.warm, device=args.device)
         extra["pipeline"] = pipeline
         rows += [{"group": "pipeline", **r} for r in bench_pipeline.rows(pipeline)]
         warm = Path(pipeline["warm"])
@@ -111,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
         policy = critic = None
         if warm is not None and not args.smoke:  # the warm-started models: realistic response lengths
             policy, critic = str(warm / "weights" / "policy" / "0"), str(warm / "weights" / "critic" / "0")
-        rows += [{"group": "scoring", **r} for r in bench_scoring.bench_rows(args.smoke, policy, critic)]
+        rows += [{"group": "scoring", **r} for r in bench_scoring.bench_rows(args.smoke, policy, critic,
+                                                                                   args.device or "cpu")]
     if "pipeline" in only and not args.keep_runs:
         shutil.rmtree(extra["pipeline"]["base"], ignore_errors=True)
     if "log" in only:
@@ -127,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     command = "python -m bench" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     meta = {"date": date, "command": command, "smoke": args.smoke, "wall_s": time.time() - started,
-            "python": platform.python_version(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "cpus": os.cpu_count(), "device": device_name(args.device),
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
     lines = table(rows)
     timing = time_lines(extra["pipeline"]) if "pipeline" in extra else []
@@ -140,7 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"results in {out}")
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, **extra}, indent=1, default=str))
     md = [f"# Benchmarks {date}{' (smoke sizes)' if args.smoke else ''}", "", f"`{command}` — {meta['wall_s']:.0f} s, "
-          f"{meta['cpus']} CPUs, load average at the end {meta['load_average']}", "", *lines]
+          f"{meta['cpus']} CPUs, {meta['device']}, load average at the end {meta['load_average']}", "", *lines]
     if timing:
         md += ["", "Where the time goes (fraction of each role's wall time, last repetition of each case):", "",
                "```", *timing, "```"]

@@ -74,3 +74,25 @@ def test_timers_and_summary_lines(tmp_path):
     plan = lockstep_plan(list(range(10)), 4, 5, seed=0)
     assert [len(b) for b in plan] == [4] * 5 and sorted(x for b in plan[:2] for x in b[:4]) != []
     assert sorted(plan[0] + plan[1] + plan[2][:2]) == list(range(10)), "one pass over the batch before repeating"
+
+
+def test_gpu_mode_puts_every_role_on_the_device():
+    """`python -m bench --device X` (GPU mode): the pipeline's overrides move all four device-holding roles to X
+    (composed through the real config, with X = cpu here so validation passes on this machine)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_pipeline
+    from hydra import compose, initialize_config_dir
+
+    from prime_values import config
+    from prime_values.__main__ import CONF_DIR
+
+    assert bench_pipeline.device_overrides(None) == []
+    config.register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[*bench_pipeline.BASE, "topology.inference_device=cuda:3",
+                                                       *bench_pipeline.device_overrides("cpu")])
+    assert [cfg.topology[f"{r}_device"] for r in bench_pipeline.ROLE_DEVICES] == ["cpu"] * 4
+    config.validate(cfg, cuda_count=0)
+    from run_all import device_name
+
+    assert device_name(None) == device_name("cpu") == "CPU only"
