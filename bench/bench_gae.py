@@ -8,8 +8,9 @@ The batch: B rollouts right-padded to T tokens with random prompt lengths, rando
 of them hit the generation cap T), up to three environment spans inside each trace, a quarter ending with
 environment tokens, per-rollout length-adaptive λ, and a tenth of the rollouts cut by the critic's context
 (bootstrapped). The loop side runs on a subset of the rollouts (its cost is linear in B) and is scaled to B;
-the lists it reads are built before its clock starts, and it writes Python lists. The sides alternate within
-every repetition (so a busy machine slows both alike), and must agree on that subset to float tolerance.
+the lists it reads are built before its clock starts, and it writes Python lists. Each side first runs once
+untimed (a warm-up: the first call also pays one-off allocator growth), then the sides alternate within every
+repetition (so a busy machine slows both alike), and must agree on that subset to float tolerance.
 
     python bench/bench_gae.py            # 1,024 rollouts x 4,096 tokens (a few seconds)
     python bench/bench_gae.py --smoke    # tiny sizes, about a second (tests/test_gae.py)
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None, detail: bool = False):
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--loop-rollouts", type=int, default=128, help="rollouts the loop side runs on")
     parser.add_argument("--reps", type=int, default=7, help="repetitions, the two sides alternating in each")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls of each side before the repetitions")
     args = parser.parse_args(argv)
     if args.smoke:
         args.rollouts, args.tokens, args.loop_rollouts, args.reps = 16, 256, 8, 3
@@ -112,8 +114,11 @@ def main(argv: list[str] | None = None, detail: bool = False):
     n_policy = batch["policy_mask"].sum().item()
     print(f"gae bench: {args.rollouts} rollouts x {args.tokens} tokens, {n_policy} policy tokens "
           f"({n_policy / batch['policy_mask'].numel():.0%}), {int(batch['cut'].sum())} cut, 1 CPU thread, "
-          f"median of {args.reps} alternating reps")
+          f"median of {args.reps} alternating reps after {args.warmup} warm-up")
 
+    for _ in range(args.warmup):
+        gae(**batch)
+        gae_loop(**subset)
     fast_times, loop_times = [], []
     for _ in range(args.reps):
         start = time.perf_counter()

@@ -169,6 +169,42 @@ def test_gae_matches_slow_reference_on_random_batches(seed, chunk, monkeypatch):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length", [1, 7, 29, 50])  # none a multiple of the blocks below
+def test_gae_blocked_scan_matches_reference_edge_cases(length, dtype, monkeypatch):
+    # Blocks of 8 positions: several full ones, a partial first one, or a single partial one (length < 8).
+    # λ = 0 (f = 0 at policy tokens), λ = 1, ordinary λ's; γ < 1; cut and terminal rollouts; nan, inf and huge
+    # garbage off-mask; a rollout without policy tokens, one that is all policy tokens, environment spans.
+    monkeypatch.setattr(sys.modules["prime_values.algo.gae"], "_CHUNK", 8)
+    g = torch.Generator().manual_seed(1000 + length)
+    batch = 9
+    mask = torch.rand(batch, length, generator=g) < 0.55
+    mask[0] = False
+    mask[1] = True
+    mask[2, length // 2 :] = False  # trailing environment/padding tokens after the last policy token
+    values = torch.randn(batch, length, generator=g, dtype=dtype)
+    garbage = torch.tensor([NAN, float("inf"), -float("inf"), 1e30, -3e7], dtype=dtype)
+    off = ~mask
+    values[off] = garbage[torch.randint(0, len(garbage), (int(off.sum()),), generator=g)]
+    lam = torch.tensor([0.3, 0.0, 1.0, 0.0, 1.0, 0.95, 0.5, 0.999, 0.1], dtype=dtype)
+    kwargs = dict(
+        rewards=torch.randn(batch, generator=g, dtype=dtype),
+        values=values,
+        policy_mask=mask,
+        gamma=0.9,
+        lam=lam,
+        bootstrap=torch.randn(batch, generator=g, dtype=dtype),
+        cut=torch.tensor([0, 1, 0, 1, 0, 1, 0, 1, 0], dtype=torch.bool),
+    )
+    fast = gae(**kwargs)
+    slow = gae_reference(**kwargs)
+    for got, want in zip(fast, slow):
+        assert got.dtype == dtype and got.shape == values.shape
+        torch.testing.assert_close(got, want)
+        assert torch.isfinite(got).all()
+        assert (got[off] == 0).all() and not torch.signbit(got[off]).any()  # +0.0 off-mask
+
+
 def test_bench_gae_smoke(capsys):
     spec = importlib.util.spec_from_file_location("bench_gae", ROOT / "bench" / "bench_gae.py")
     bench = importlib.util.module_from_spec(spec)

@@ -48,7 +48,7 @@ def _terminal(
     return torch.where(cut, zero, rewards), torch.where(cut, bootstrap, zero)
 
 
-_CHUNK = 256  # positions per block of the scan in ``gae``: a block's [B, 256] working set stays in cache
+_CHUNK = 256  # positions per block of the scan in ``gae``: a block's [B, 256] buffers stay in cache
 
 
 def gae(
@@ -83,9 +83,18 @@ def gae(
                                    u_t = 0,            f_t = 1    elsewhere (the skip: Z passes through)
         Z_T = r_n + γ·V(p_{n+1}),  returns_t = Z_{t+1},  A_t = Z_{t+1} − V_t   at policy tokens
 
-    The scan is vectorised over rollouts and runs block by block (``_CHUNK`` positions, transposed so a step
-    reads one contiguous row); ``bench/bench_gae.py`` times it against the textbook per-token loop and
-    ``gae_reference`` checks it. No gradient flows through it: values are data here.
+    The scan runs right to left over blocks of ``_CHUNK`` positions, vectorised over rollouts. A block's
+    values and mask are first copied out of the [B, T] inputs into [B, w] buffers (a copy streams the rows;
+    ops reading T-float-apart rows in place thrash the cache), V is selected there (``where``: nan or garbage
+    off-mask never enters), u and f are formed with whole-block ops, and then each of the w steps updates one
+    column of the block in place: a strided [B] vector, one ``addcmul_`` (no division anywhere; a product of
+    γλ's that underflows to 0 is harmless, λ = 0 gives f = 0). Returns and advantages go straight into the
+    block's columns of the outputs. Measured on one CPU thread (``bench/bench_gae.py``, docs/benchmarks.md)
+    this beats transposing each block so that a step reads a contiguous row (the three transposes, in and
+    out, cost more than the strided steps lose) and a two-level blocked scan (fewer, wider steps, but about
+    three times the arithmetic); the largest remaining costs are the scan itself and first-touching the two
+    new [B, T] outputs. ``gae_reference`` checks it. No gradient flows through it (values are data here), so
+    the scratch work runs in inference mode, which trims the per-op dispatch of the T small steps.
 
     Args:
         rewards: [B] terminal reward R of each rollout.
@@ -97,7 +106,8 @@ def gae(
         cut: [B] bool, True where the critic's context cut the rollout; None = no rollout was cut.
 
     Returns:
-        (advantages [B, T], returns [B, T]); both exactly 0 where the mask is False.
+        (advantages [B, T], returns [B, T]); both exactly 0 where the mask is False (given finite values at
+        the policy tokens).
     """
     assert values.dim() == 2, f"values must be [B, T], got shape {tuple(values.shape)}"
     assert policy_mask.shape == values.shape, (
@@ -108,32 +118,40 @@ def gae(
     mask = policy_mask.bool()
     last_reward, next_value = _terminal(rewards, bootstrap, cut, batch, values)
     lam = _per_rollout(lam, batch, values, "lam")
-    decay = gamma * lam  # f_t at policy tokens
-    weight = gamma * (1.0 - lam)  # u_t / V_t at policy tokens
-    zero, one = values.new_zeros(()), values.new_ones(())
-    advantages, returns = torch.empty_like(values), torch.empty_like(values)
-    # One block's scan buffers, [w + 1, B] and [w, B]: row i is position start + i, z[w] is Z_end (the carry).
-    # Allocated and split into rows once: the per-step work is then a single in-place addcmul.
-    z = values.new_empty(_CHUNK + 1, batch)
-    f = values.new_empty(_CHUNK, batch)
-    z_rows, f_rows = z.unbind(0), f.unbind(0)
+    decay_minus_one = (gamma * lam - 1.0)[:, None]  # f_t − 1 at policy tokens, per rollout
+    weight = (gamma * (1.0 - lam))[:, None]  # u_t / V_t at policy tokens
     carry = last_reward + gamma * next_value  # Z_T
-    for end in range(length, 0, -_CHUNK):
-        start = max(end - _CHUNK, 0)
-        width = end - start
-        z[width] = carry  # before the block overwrites row 0, which holds the previous block's Z_start
-        # Copy the block out before transposing: reading [B, w] in place, rows T floats apart, thrashes the cache.
-        m = mask[:, start:end].contiguous()
-        v = torch.where(m, values[:, start:end].contiguous(), zero)  # select: garbage off-mask never enters
-        torch.mul(v.T.contiguous(), weight, out=z[:width])  # u, in rows [w, B]: row i is position start + i
-        torch.where(m.T.contiguous(), decay, one, out=f[:width])
-        for i in reversed(range(width)):
-            z_rows[i].addcmul_(f_rows[i], z_rows[i + 1])  # Z_t = u_t + f_t·Z_{t+1}
-        carry = z_rows[0]
-        next_z = z[1 : width + 1].T.contiguous()  # [B, w]: Z_{t+1} = returns_t at policy tokens
-        block_returns = returns[:, start:end]
-        torch.where(m, next_z, zero, out=block_returns)
-        torch.sub(block_returns, v, out=advantages[:, start:end])  # A = returns − V; both 0 off-mask
+    advantages, returns = torch.empty_like(values), torch.empty_like(values)  # outside: ordinary tensors
+    width = min(_CHUNK, length)
+    with torch.inference_mode():
+        zero, one = values.new_zeros(()), values.new_ones(())
+        # One block's buffers, allocated once. Column i is position start + i; z's column w holds Z_end, the carry.
+        v = values.new_empty(batch, width)  # V where masked, 0 elsewhere
+        m = mask.new_empty(batch, width)
+        m_float = values.new_empty(batch, width)  # the mask as 0./1.
+        z = values.new_empty(batch, width + 1)  # u, then Z
+        f = values.new_empty(batch, width)
+        z_cols, f_cols = z.unbind(1), f.unbind(1)  # the per-step views, made once
+        for end in range(length, 0, -_CHUNK):
+            start = max(end - _CHUNK, 0)
+            w = end - start
+            z_cols[w].copy_(carry)  # before u overwrites column 0, which holds the previous block's Z_start
+            m_w, v_w, m_float_w = m[:, :w], v[:, :w], m_float[:, :w]
+            m_w.copy_(mask[:, start:end])
+            v_w.copy_(values[:, start:end])
+            torch.where(m_w, v_w, zero, out=v_w)  # select: garbage off-mask never enters
+            m_float_w.copy_(m_w.view(torch.uint8))  # (a uint8 -> float cast is vectorised, bool -> float is not)
+            torch.mul(v_w, weight, out=z[:, :w])  # u
+            # f = 1 + (γλ − 1)·m: exactly 1 off-mask, and exactly γλ at policy tokens when γλ >= 0.5 (else within
+            # an ulp of 1, where the product of such factors decays fast anyway); λ = 0 gives exactly 0.
+            torch.addcmul(one, m_float_w, decay_minus_one, out=f[:, :w])
+            for i in reversed(range(w)):
+                z_cols[i].addcmul_(f_cols[i], z_cols[i + 1])  # Z_t = u_t + f_t·Z_{t+1}
+            carry = z_cols[0]
+            block_returns = returns[:, start:end]
+            # Z_{t+1} at policy tokens; 0 + Z·0 is +0.0 off-mask where Z·0 alone would give −0.0 for a negative Z.
+            torch.addcmul(zero, z[:, 1 : w + 1], m_float_w, out=block_returns)
+            torch.sub(block_returns, v_w, out=advantages[:, start:end])  # A = returns − V; both 0 off-mask
     return advantages, returns
 
 
