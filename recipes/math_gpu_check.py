@@ -219,14 +219,21 @@ def extract(run_dir: str | os.PathLike) -> dict:
     """The check's figures from a run's metrics/*.jsonl: inference generation tokens/s (inference*.jsonl:
     generate_tokens_per_s over the generation alone, tokens_per_s incl. the log write, gen_s), evaluator scoring
     tokens/s (evaluator*.jsonl: forward_states_per_s over the critic forward passes alone, states_per_s, score_s),
-    policy-trainer step time (policy_trainer.jsonl: train_s of each step record) and value-trainer step time
+    policy-trainer step time (policy_trainer.jsonl: train_s of each step record, the update and publishing the
+    version; the io part from the cumulative io_s) and value-trainer step time
     (value_trainer.jsonl: step_s of each critic step)."""
     run_dir = Path(run_dir)
     inference = [r for rows in _records(run_dir, "inference*.jsonl").values()
                  for r in rows if "generate_tokens_per_s" in r]
     evaluator = [r for rows in _records(run_dir, "evaluator*.jsonl").values()
                  for r in rows if "forward_states_per_s" in r]
-    policy = [r for r in _records(run_dir, "policy_trainer.jsonl").get("policy_trainer", []) if "train_s" in r]
+    policy_rows = _records(run_dir, "policy_trainer.jsonl").get("policy_trainer", [])
+    policy = [r for r in policy_rows if "train_s" in r]
+    io, previous = [], 0.0  # the io part of each step (publishing the version): io_s is cumulative over the role
+    for r in policy_rows:
+        if "train_s" in r and "io_s" in r:
+            io.append(r["io_s"] - previous)
+        previous = r.get("io_s", previous)
     value = [r for r in _records(run_dir, "value_trainer.jsonl").get("value_trainer", [])
              if "critic_step" in r and "step_s" in r]
     return {
@@ -234,6 +241,7 @@ def extract(run_dir: str | os.PathLike) -> dict:
         "inference": _rate(inference, "generate_tokens_per_s", "tokens_per_s", "gen_s"),
         "evaluator": _rate(evaluator, "forward_states_per_s", "states_per_s", "score_s"),
         "policy_trainer": {**_steps([r["train_s"] for r in policy]),
+                           "median_io_s": statistics.median(io) if io else None,
                            "median_wait_s": statistics.median(r["step_wait_s"] for r in policy) if policy else None,
                            "rollouts_per_step": policy[-1]["rollouts"] if policy else None},
         "value_trainer": _steps([r["step_s"] for r in value]),
@@ -256,8 +264,8 @@ def table(fig: dict) -> str:
         f"| evaluator: scored tokens/s (critic forward) | {_fmt(e['tokens_per_s'])} | "
         f"{_fmt(e['tokens_per_s_after_first'])} | {e['records']} batches, {e['tokens']} tokens |",
         f"| policy trainer: step time, median (s) | {_fmt(p['median_s'])} | {_fmt(p['median_s_after_first'])} | "
-        f"{p['steps']} steps of {_fmt(p['rollouts_per_step'])} rollouts; median wait for a batch "
-        f"{_fmt(p['median_wait_s'])} s |",
+        f"{p['steps']} steps of {_fmt(p['rollouts_per_step'])} rollouts; of a step, io (publishing the version) "
+        f"{_fmt(p['median_io_s'])} s; median wait for a batch {_fmt(p['median_wait_s'])} s |",
         f"| value trainer: critic step time, median (s) | {_fmt(v['median_s'])} | "
         f"{_fmt(v['median_s_after_first'])} | {v['steps']} critic steps |",
     ]
