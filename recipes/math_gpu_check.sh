@@ -24,8 +24,10 @@ PY="${PY:-python3}"
 DEVICE="${DEVICE:-cuda:0}"; SIZE="${SIZE:-0.6b}"; STEPS="${STEPS:-5}"; PROMPTS="${PROMPTS:-16}"
 GROUP="${GROUP:-8}"; MAX_NEW="${MAX_NEW:-512}"; DTYPE="${DTYPE:-float32}"; ATTN="${ATTN:-auto}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-420}"; WORK="${WORK:-/tmp/math_gpu_check}"; OUT="${OUT:-$WORK/out}"
-# vLLM shares the GPU with three other roles: a third of its memory, not vLLM's default 90%
-VLLM_OVERRIDES="${VLLM_OVERRIDES:-inference=vllm +inference.vllm_args.gpu_memory_utilization=0.35}"
+# vLLM shares the GPU with three other roles: a 32 GiB KV cache (~146k tokens of this model in fp32: the whole step's
+# 128 sequences at once) set directly, not sized by profiling while the other roles allocate on the same GPU; and
+# a 35% memory share for its start-up check, not vLLM's default 90%
+VLLM_OVERRIDES="${VLLM_OVERRIDES:-inference=vllm +inference.vllm_args.gpu_memory_utilization=0.35 +inference.vllm_args.kv_cache_memory_bytes=34359738368}"
 BUDGET="${BUDGET:-560}"  # seconds for the whole script (the run tool's limit is 600)
 # 0: versions are published without the Adam state (4.8 GB a version at 0.6B in fp32; the disk is 64 GiB), so the
 # policy step time excludes saving it; the recipe's default is 1. A failing role fails the run (max_restarts=0).
