@@ -129,6 +129,8 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()  # cached KV blocks were computed by the old weights
 
     def _start(self, path: Path):
+        from omegaconf import OmegaConf
+
         cfg = self.cfg
         os.environ.update(engine_env(self.device, cfg.topology.inference_tp, cfg.topology.threads_per_role))
         from vllm import LLM
@@ -141,7 +143,7 @@ class VLLMBackend:
         if cfg.policy.lora.enabled:
             rank = next((r for r in LORA_RANKS if r >= cfg.policy.lora.r), cfg.policy.lora.r)
             kwargs.update(enable_lora=True, max_lora_rank=rank, max_loras=1)
-        kwargs.update(dict(cfg.inference.vllm_args))
+        kwargs.update(OmegaConf.to_container(cfg.inference.vllm_args, resolve=True))
         log.info("starting the vLLM engine from %s (tensor_parallel_size=%d, dtype=%s)", path,
                  cfg.topology.inference_tp, cfg.inference.dtype)
         return LLM(**kwargs)
