@@ -229,10 +229,9 @@ def unsharded(model: torch.nn.Module):
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
-    """The optimizer state to save: `optimizer.state_dict()` with one process; with several, the full state
-    (keyed by parameter name) gathered onto rank 0's CPU, None on other ranks. Every rank must call it."""
-    if current().world == 1:
-        return optimizer.state_dict()
+    """The optimizer state to save, keyed by parameter name: the full state (gathered onto rank 0's CPU with
+    several processes; None on the other ranks), so a run restarted with another process count resumes from it
+    too. Every rank must call it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     state = get_optimizer_state_dict(model, optimizer,
@@ -240,11 +239,28 @@ def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     return state if current().main else None
 
 
-def restore_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """Load what `optimizer_state` returned (every rank passes the same full state when sharded)."""
-    if current().world == 1:
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def restore_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, read) -> str:
+    """Restore the optimizer from what `read()` returns on every rank — (state or None, message), e.g.
+    `models.read_optimizer_state` of the version being resumed — only when every rank got a state (one rank's
+    torn read must not leave the others in a collective alone); returns the message for the log. A state keyed
+    by parameter name (`optimizer_state`) loads with any process count; one keyed by index (an optimizer's own
+    state_dict, older runs) loads with one process."""
+    state, said = read()
+    ok = all_reduce_sum({"ok": float(state is not None)})["ok"] == current().world
+    if not ok:
+        return said if state is None else "another rank could not read the optimizer state: fresh optimizer"
+    groups = state.get("param_groups") or [{}]
+    by_name = all(isinstance(p, str) for p in groups[0].get("params", []))
+    try:
+        if by_name:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
+                                     options=StateDictOptions(full_state_dict=True))
+        elif current().world == 1:
+            optimizer.load_state_dict(state)
+        else:
+            return "optimizer state keyed by index (saved by one process): fresh optimizer"
+    except Exception as error:  # noqa: BLE001 - another model's state: fresh optimizer (the same on every rank)
+        return f"optimizer state unusable ({type(error).__name__}: {error}): fresh optimizer"
+    return said

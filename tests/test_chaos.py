@@ -23,3 +23,8 @@ def test_killing_every_role_loses_nothing(tmp_path):
         assert report["restarts_per_role"].get(role, 0) >= needed, report
     assert sum(report["restarts_per_role"].values()) >= 2, report
     assert not processes_mentioning(str(run_dir)), "a role process outlived the run"
+    # a restarted trainer resumes its Adam moments from the version it resumes (dist.optimizer_state, saved with
+    # every version by default): never a fresh optimizer after a kill
+    resumed = [line for log in (run_dir / "jobs").glob("*_trainer/*_log.err")
+               for line in log.read_text(errors="replace").splitlines() if "resuming after" in line]
+    assert all("optimizer state restored" in line for line in resumed), resumed

@@ -5,6 +5,7 @@ and impossible process counts fail before launch."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -85,17 +86,52 @@ def train_worker(world: int, out: str) -> None:
     dist.teardown()
 
 
+def optimizer_worker(world: int, out: str, mode: str) -> None:
+    """One rank. mode 'save': STEPS train steps, then the optimizer state as the trainers save it with a version
+    (dist.optimizer_state -> models.save_optimizer_state) and the weights; 'load': a fresh optimizer on those
+    weights restored the way a restarted trainer does (dist.restore_optimizer_state), gathered again into
+    reloaded-<world>.pt for the test to compare."""
+    from omegaconf import OmegaConf
+
+    from prime_values import dist
+    from prime_values.models import (build_char_tokenizer, build_tiny_policy, load_policy, read_optimizer_state,
+                                     save_model, save_optimizer_state)
+    from prime_values.roles.policy_trainer import train_step
+
+    torch.set_num_threads(1)
+    group = dist.setup(world, "cpu")
+    tokenizer, version = build_char_tokenizer(), Path(out) / "version"
+    base = build_tiny_policy(tokenizer, seed=0, **ARCH) if mode == "save" else load_policy(version)
+    model = dist.shard(base.train())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if mode == "save":
+        cfg = OmegaConf.structured(Config)
+        cfg.policy.micro_batch_rollouts = 3
+        for _ in range(STEPS):
+            train_step(model, optimizer, make_rows(tokenizer), cfg, tokenizer.pad_token_id, "cpu")
+        state, full = dist.optimizer_state(model, optimizer), dist.unsharded(model)
+        if group.main:
+            save_model(full, tokenizer, version)
+            save_optimizer_state(state, version)
+    else:
+        said = dist.restore_optimizer_state(model, optimizer, lambda: read_optimizer_state(version))
+        state = dist.optimizer_state(model, optimizer)
+        if group.main:
+            torch.save({"said": said, "state": state}, Path(out) / f"reloaded-{world}.pt")
+    dist.teardown()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def run_ranks(world: int, out: Path) -> None:
-    out.mkdir()
+def run_ranks(world: int, out: Path, worker: str = "train_worker({world}, {out!r})") -> None:
+    out.mkdir(exist_ok=True)
     port = free_port()
     code = f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import test_dist; " \
-           f"test_dist.train_worker({world}, {str(out)!r})"
+           f"test_dist.{worker.format(world=world, out=str(out))}"
     procs = []
     for rank in range(world):
         env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -140,6 +176,33 @@ def test_two_process_fsdp_matches_one_process(tmp_path):
         torch.equal(published["lm_head.weight"], published["model.embed_tokens.weight"])
 
 
+def test_optimizer_state_saved_by_two_processes_resumes_with_two_or_one(tmp_path):
+    """A 2-process trainer's Adam moments, saved with its version, come back whole on a restart with 2 processes
+    or with 1 (the full state keyed by parameter name); so does a 1-process trainer's."""
+    run_ranks(2, tmp_path, "optimizer_worker({world}, {out!r}, 'save')")
+    saved = torch.load(tmp_path / "version" / "optimizer.pt", weights_only=False)
+    assert all(isinstance(name, str) for name in saved["state"]) and saved["state"], list(saved["state"])[:3]
+    run_ranks(2, tmp_path, "optimizer_worker({world}, {out!r}, 'load')")
+    optimizer_worker(1, str(tmp_path), "load")
+    for world in (2, 1):
+        reloaded = torch.load(tmp_path / f"reloaded-{world}.pt", weights_only=False)
+        assert "restored" in reloaded["said"], reloaded["said"]
+        assert reloaded["state"]["state"].keys() == saved["state"].keys()
+        for name, moments in saved["state"].items():
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(torch.as_tensor(reloaded["state"]["state"][name][key]),
+                                   torch.as_tensor(moments[key])), (world, name, key)
+        assert float(saved["state"][next(iter(saved["state"]))]["step"]) == STEPS
+    one = tmp_path / "one"
+    one.mkdir()
+    optimizer_worker(1, str(one), "save")
+    optimizer_worker(1, str(one), "load")
+    reloaded, saved = (torch.load(one / name, weights_only=False) for name in ("reloaded-1.pt", "version/optimizer.pt"))
+    assert "restored" in reloaded["said"]
+    assert all(torch.equal(torch.as_tensor(reloaded["state"]["state"][n]["exp_avg"]), torch.as_tensor(m["exp_avg"]))
+               for n, m in saved["state"].items())
+
+
 def test_loss_scale_and_shares_are_identity_with_one_process():
     from prime_values import dist
 
@@ -160,7 +223,7 @@ def base_cfg():
     ({"policy_trainer_procs": 0}, 0, "topology.policy_trainer_procs=0 must be >= 1"),
     ({"value_trainer_procs": -1}, 0, "topology.value_trainer_procs=-1 must be >= 1"),
     ({"policy_trainer_device": "cuda:0", "policy_trainer_procs": 2}, 1,
-     "topology.policy_trainer_procs=2 needs one GPU per process, cuda:0..cuda:1"),
+     "topology.policy_trainer_procs=2 needs one GPU per process (rank), cuda:0..cuda:1"),
     ({"value_trainer_device": "cuda:6", "value_trainer_procs": 3}, 8, "topology.value_trainer_procs=3 needs"),
     ({"value_trainer_procs": 2, "evaluator": "colocated"}, 0, "topology.value_trainer_procs=2 needs "
                                                             "topology.evaluator=dedicated"),
@@ -169,7 +232,7 @@ def test_impossible_process_counts_fail_naming_the_key(changes, cuda_count, expe
     cfg = base_cfg()
     for key, value in changes.items():
         cfg.topology[key] = value
-    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
         validate(cfg, cuda_count=cuda_count)
 
 

@@ -12,7 +12,9 @@ import torch
 pytest.importorskip("peft")
 
 from prime_values.models import (build_char_tokenizer, build_critic, build_tiny_policy, critic_values, load_critic,  # noqa: E402
-                                 load_optimizer_state, load_policy, lora, save_model, save_optimizer_state)
+                                 load_optimizer_state, load_policy, lora, read_optimizer_state, save_model,
+                                 save_optimizer_state)
+from prime_values import dist  # noqa: E402
 from prime_values.weights import Adopter, publish, version_dir  # noqa: E402
 
 ARCH = dict(hidden_size=256, num_heads=8, num_kv_heads=4, intermediate_size=768)  # policy.arch's default (3.2M)
@@ -178,14 +180,19 @@ def test_resume_restores_adapter_and_optimizer_state(tmp_path, tokenizer, kind):
     optimizer = torch.optim.AdamW(lora.trainable(model), lr=1e-2)
     train_some(model, optimizer, kind)
 
-    def save(path):
+    def save(path):  # as the trainers save: the state keyed by parameter name (the adapter's names)
         lora.save_adapter(model, tokenizer, path)
-        save_optimizer_state(optimizer, path)
+        save_optimizer_state(dist.optimizer_state(model, optimizer), path)
     publish(root, 1, save)
     restored = lora.load_trainable(version_dir(root, 1), LORA, kind, seed=99)  # the seed only matters for new adapters
     assert lora.protected(restored) == (0,)
     restored_optimizer = torch.optim.AdamW(lora.trainable(restored), lr=1e-2)
-    assert "restored" in load_optimizer_state(restored_optimizer, version_dir(root, 1))
+    assert "restored" in dist.restore_optimizer_state(restored, restored_optimizer,
+                                                      lambda: read_optimizer_state(version_dir(root, 1)))
+    legacy = tmp_path / "legacy"  # an optimizer's own (index-keyed) state, as older runs saved it
+    legacy.mkdir()
+    save_optimizer_state(optimizer, legacy)
+    assert "restored" in load_optimizer_state(torch.optim.AdamW(lora.trainable(restored), lr=1e-2), legacy)
     assert [n for n, p in restored.named_parameters() if p.requires_grad] == \
         [n for n, p in model.named_parameters() if p.requires_grad]
     torch.testing.assert_close(outputs(restored, kind), outputs(model, kind))

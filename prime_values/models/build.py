@@ -294,22 +294,35 @@ def num_parameters(model) -> int:
 OPTIMIZER_STATE = "optimizer.pt"  # inside a published version dir, next to model.safetensors
 
 
-def save_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLike) -> None:
+def save_optimizer_state(state: dict | torch.optim.Optimizer, path: str | os.PathLike) -> None:
     """The optimizer state that produced the weights in `path` (called inside `publish`, so it appears atomically
     with them): a restarted trainer resumes its Adam moments instead of starting them at zero, which would make
-    its first steps after a restart larger than any before."""
-    torch.save(optimizer.state_dict(), Path(path) / OPTIMIZER_STATE)
+    its first steps after a restart larger than any before. `state`: what `dist.optimizer_state` gathered (the
+    full state keyed by parameter name, whatever the process count), or an optimizer (its own state_dict)."""
+    torch.save(state if isinstance(state, dict) else state.state_dict(), Path(path) / OPTIMIZER_STATE)
+
+
+def read_optimizer_state(path: str | os.PathLike) -> tuple[dict | None, str]:
+    """(the optimizer state saved with the version in `path`, or None; what happened, for the role's log). A
+    version saved without one (log.optimizer_state_every) or an unreadable file is not fatal: None, and the
+    trainer goes on with a fresh optimizer."""
+    file = Path(path) / OPTIMIZER_STATE
+    if not file.exists():
+        return None, f"no optimizer state in {path}: fresh optimizer"
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True), f"optimizer state restored from {file}"
+    except Exception as error:  # torn or foreign file: never fatal
+        return None, f"optimizer state {file} unusable ({type(error).__name__}: {error}): fresh optimizer"
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLike) -> str:
-    """Restore the optimizer state saved with the version in `path`; returns what happened, for the role's log.
-    A version saved without one (log.optimizer_state_every) or an unreadable file is not fatal: the trainer
-    goes on with a fresh optimizer."""
-    file = Path(path) / OPTIMIZER_STATE
-    if not file.exists():
-        return f"no optimizer state in {path}: fresh optimizer"
+    """Restore a single-process optimizer from the version in `path` (`read_optimizer_state`; a state that does
+    not fit this optimizer is not fatal either); returns what happened."""
+    state, said = read_optimizer_state(path)
+    if state is None:
+        return said
     try:
-        optimizer.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
-    except Exception as error:  # torn or foreign file: never fatal
-        return f"optimizer state {file} unusable ({type(error).__name__}: {error}): fresh optimizer"
-    return f"optimizer state restored from {file}"
+        optimizer.load_state_dict(state)
+    except Exception as error:  # noqa: BLE001 - another model's state: fresh optimizer
+        return f"optimizer state in {path} unusable ({type(error).__name__}: {error}): fresh optimizer"
+    return said

@@ -87,7 +87,7 @@ def next_rows(reader: LogReader, ctx: RoleContext, step: int, timers: Timers | N
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import load_optimizer_state, lora, save_optimizer_state
+    from prime_values.models import lora, read_optimizer_state, save_optimizer_state
     from prime_values.roles.evaluation import heldout_accuracy
     from prime_values.tasks import make_task
 
@@ -104,16 +104,15 @@ def main(run_dir: str) -> None:
     model = dist.shard((loaded if group.main else load(version_dir(policy_root, start))).to(device).train())
     tokenizer = AutoTokenizer.from_pretrained(version_dir(policy_root, 0))
     optimizer = torch.optim.AdamW(lora.trainable(model), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
-    if start > 0:  # TODO(dist): sharded optimizer state (dist.optimizer_state / restore_optimizer_state)
-        ctx.log.info("resuming after version %d: %s", start,
-                     load_optimizer_state(optimizer, version_dir(policy_root, start)) if group.world == 1
-                     else "several processes: fresh optimizer")
+    if start > 0:  # the Adam moments of the version resumed from, with any process count
+        ctx.log.info("resuming after version %d: %s", start, dist.restore_optimizer_state(
+            model, optimizer, lambda: read_optimizer_state(version_dir(policy_root, start))))
     every = cfg.log.optimizer_state_every
 
     def save(path) -> None:
         lora.saver(cfg.policy.lora)(full, tokenizer, path)  # adapter-only with LoRA
-        if every and step % every == 0 and group.world == 1:
-            save_optimizer_state(optimizer, path)
+        if opt_state is not None:
+            save_optimizer_state(opt_state, path)
     task = make_task(**cfg.task)
     heldout = task.heldout()
     # rank 0 alone reads batches, publishes, logs and evaluates; the other ranks train on what it broadcasts
@@ -139,6 +138,8 @@ def main(run_dir: str) -> None:
         with timers.time("compute"):
             stats = train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, device)
             full = dist.unsharded(model)  # the model itself with one process
+            # every rank gathers (a collective); rank 0 saves it with the version
+            opt_state = dist.optimizer_state(model, optimizer) if every and step % every == 0 else None
         if not group.main:
             continue
         with timers.time("io"):

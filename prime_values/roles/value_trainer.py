@@ -73,7 +73,7 @@ def lockstep_plan(rows: list[dict], batch_rollouts: int, steps: int, seed: int) 
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import load_optimizer_state, lora, save_optimizer_state
+    from prime_values.models import lora, read_optimizer_state, save_optimizer_state
     from prime_values.roles.evaluator import Scorer
 
     ctx = RoleContext(run_dir, "value_trainer", "value_trainer_device")
@@ -88,10 +88,9 @@ def main(run_dir: str) -> None:
     critic = dist.shard((loaded if group.main else load(version_dir(critic_root, version))).to(device).train())
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
     optimizer = torch.optim.AdamW(lora.trainable(critic), lr=cfg.critic.lr)
-    if version > 0:  # TODO(dist): sharded optimizer state (dist.optimizer_state / restore_optimizer_state)
-        ctx.log.info("resuming after critic version %d: %s", version,
-                     load_optimizer_state(optimizer, version_dir(critic_root, version)) if group.world == 1
-                     else "several processes: fresh optimizer")
+    if version > 0:  # the Adam moments of the version resumed from, with any process count
+        ctx.log.info("resuming after critic version %d: %s", version, dist.restore_optimizer_state(
+            critic, optimizer, lambda: read_optimizer_state(version_dir(critic_root, version))))
     queue = IngestQueue(cfg.replay.queue_size)
     rcfg = cfg.replay
     buffer = ReplayBuffer(rcfg.capacity, rcfg.max_reuse, rcfg.sampling, seed=ctx.seed(), max_age=rcfg.max_age,
@@ -106,8 +105,8 @@ def main(run_dir: str) -> None:
         (path / REPLAY_SNAPSHOT).write_bytes(dump_snapshot(buffer.snapshot()))
         # the newest policy version this critic has trained on: the orchestrator's value-staleness metric
         (path / TRAINED_ON).write_text(json.dumps({"newest_policy_version": buffer.newest_policy_version}))
-        if cfg.log.optimizer_state_every and version % cfg.log.optimizer_state_every == 0 and group.world == 1:
-            save_optimizer_state(optimizer, path)
+        if opt_state is not None:
+            save_optimizer_state(opt_state, path)
     stop = threading.Event()
     if group.main:
         threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
@@ -156,6 +155,8 @@ def main(run_dir: str) -> None:
             if publish_now if lockstep else steps % cfg.critic.publish_every == 0:
                 version += 1
                 full = dist.unsharded(critic)  # the critic itself with one process
+                every = cfg.log.optimizer_state_every  # gathered by every rank (a collective), saved by rank 0
+                opt_state = dist.optimizer_state(critic, optimizer) if every and version % every == 0 else None
                 if group.main:
                     with timers.time("io"):
                         publish(critic_root, version, save)
