@@ -3,7 +3,7 @@
 A backend holds the policy and follows the published versions; the role loop only sees this interface:
 
     backend.policy          a `weights.Adopter`: `.version`, `.skipped`, `.poll()`, `.wait(timeout_s, stop)`
-    backend.sample(prompt_ids, num_samples, max_new_tokens, temperature, eos_id, pad_id, seed)
+    backend.sample(prompt_ids, num_samples, max_new_tokens, temperature, eos_id, pad_id, seed, batch_size=None)
                             -> list[models.sampling.Completion], grouped by prompt (prompt 0's samples first);
                             `logprobs[i] = log_softmax(logits / temperature)[token_i]` in float32
     backend.model           the transformers model, for tasks that drive their own turns (`task.rollout`); hf only

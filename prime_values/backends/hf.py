@@ -25,11 +25,11 @@ class HFBackend:
         return self.policy.value if self.policy is not None else self._model
 
     def sample(self, prompt_ids, num_samples: int, max_new_tokens: int, temperature: float, eos_id: int,
-               pad_id: int, seed: int):
+               pad_id: int, seed: int, batch_size: int | None = None):
         from prime_values.models.sampling import sample
 
         return sample(self.model, prompt_ids, num_samples=num_samples, max_new_tokens=max_new_tokens,
-                      temperature=temperature, eos_id=eos_id, pad_id=pad_id, seed=seed)
+                      temperature=temperature, eos_id=eos_id, pad_id=pad_id, seed=seed, batch_size=batch_size)
 
     def close(self) -> None:
         pass

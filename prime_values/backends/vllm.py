@@ -180,9 +180,10 @@ class VLLMBackend:
     # --- sampling -----------------------------------------------------------------------------------------
 
     def sample(self, prompt_ids, num_samples: int, max_new_tokens: int, temperature: float, eos_id: int,
-               pad_id: int, seed: int) -> list[Completion]:
+               pad_id: int, seed: int, batch_size: int | None = None) -> list[Completion]:
         """As `models.sampling.sample`: `num_samples` completions per prompt, grouped by prompt; the eos is kept
-        when produced (stop_reason 'eos'), else 'length' after `max_new_tokens`."""
+        when produced (stop_reason 'eos'), else 'length' after `max_new_tokens`. `batch_size` is the hf
+        backend's decode cap; vLLM schedules its own batches."""
         from vllm import SamplingParams
 
         if self.failure is not None or self.llm is None:

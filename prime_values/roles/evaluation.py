@@ -22,27 +22,34 @@ def encode_prompts(tokenizer, problems) -> list[list[int]]:
     return [tokenizer.encode(p.prompt, add_special_tokens=False) for p in problems]
 
 
-def sample_and_score(model, tokenizer, task, problems, num_samples: int, max_new_tokens: int, temperature: float,
+def sample_and_score(policy, tokenizer, task, problems, num_samples: int, max_new_tokens: int, temperature: float,
                      seed: int, batch_size: int | None = None) -> list[EnvRollout]:
-    """``num_samples`` scored rollouts per problem, grouped by problem (``prompt_index`` into ``problems``).
+    """``num_samples`` scored rollouts per problem, grouped by problem (``prompt_index`` into ``problems``): the
+    one path of the inference role, the held-out evaluation, the critic warm start's samples and the eval stage.
 
     A task that drives its own episodes (``task.rollout``: task=verifiers) runs them: multi-turn traces whose
     environment tokens have ``policy_mask`` 0, rewarded by the environment's rubric after its ``run`` and
     ``finalize``. Every other task samples one reply per rollout (``policy_mask`` 1 on it) and scores the batch
-    with ``task.score_many``. ``max_new_tokens`` caps each policy turn; ``temperature <= 0`` decodes greedily;
-    ``batch_size`` caps the rows one decode holds. The one path of the held-out evaluation, the critic warm
-    start's samples and the eval stage."""
-    from prime_values.models.sampling import sample
+    with ``task.score_many`` (``scored_replies``). ``policy``: an inference backend (``prime_values.backends``)
+    or a transformers model; ``max_new_tokens`` caps each policy turn; ``temperature <= 0`` decodes greedily;
+    ``batch_size`` caps the rows one decode holds."""
+    from prime_values.backends import as_backend
 
+    backend = as_backend(policy)
     if hasattr(task, "rollout"):
-        return task.rollout(model, tokenizer, problems, num_samples=num_samples, max_new_tokens=max_new_tokens,
-                            temperature=temperature, seed=seed, batch_size=batch_size)
+        return task.rollout(backend.model, tokenizer, problems, num_samples=num_samples,
+                            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, batch_size=batch_size)
     prompt_ids = encode_prompts(tokenizer, problems)
-    completions = sample(model, prompt_ids, num_samples=num_samples, max_new_tokens=max_new_tokens,
-                         temperature=temperature, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                         seed=seed, batch_size=batch_size)
+    completions = backend.sample(prompt_ids, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                                 temperature=temperature, eos_id=tokenizer.eos_token_id,
+                                 pad_id=tokenizer.pad_token_id, seed=seed, batch_size=batch_size)
+    return scored_replies(task, tokenizer, problems, prompt_ids, completions)
+
+
+def scored_replies(task, tokenizer, problems, prompt_ids, completions) -> list[EnvRollout]:
+    """Sampled single replies (``models.sampling.Completion``) as one-turn rollouts, scored in one batch
+    (``task.score_many``: math checks it on every verifier worker)."""
     texts = tokenizer.batch_decode([list(c.response_ids) for c in completions], skip_special_tokens=True)
-    # one batch: math checks it on every verifier worker
     rewards = task.score_many([problems[c.prompt_index] for c in completions], texts)
     out = []
     for c, text, reward in zip(completions, texts, rewards):

@@ -19,35 +19,16 @@ from prime_values.weights import latest_version
 
 def build_rows(problems, completions, prompt_ids, task, policy_version: int, shard: str, chunk: int,
                tokenizer) -> list[dict]:
-    """One rollout record per completion: the flat trace, its masks, logprobs and verified reward."""
-    rows, now = [], time.time()
-    texts = tokenizer.batch_decode([list(c.response_ids) for c in completions], skip_special_tokens=True)
-    rewards = task.score_many([problems[c.prompt_index] for c in completions], texts)  # a batch: the pool's width
-    for k, (completion, text, reward) in enumerate(zip(completions, texts, rewards)):
-        problem = problems[completion.prompt_index]
-        prompt = prompt_ids[completion.prompt_index]
-        response = list(completion.response_ids)
-        rows.append({
-            "rollout_id": f"{shard}-{chunk:06d}-{k:04d}",
-            "prompt_id": problem.prompt_id,
-            "group_id": f"{shard}-{chunk:06d}-{completion.prompt_index:04d}",
-            "shard": shard,
-            "policy_version": policy_version,
-            "token_ids": prompt + response,
-            "policy_mask": [0] * len(prompt) + [1] * len(response),
-            "sampling_logprobs": [0.0] * len(prompt) + [float(x) for x in completion.logprobs],
-            "reward": float(reward),
-            "stop_reason": completion.stop_reason,
-            "privileged": problem.privileged,
-            "task": json.dumps({"prompt": problem.prompt, "answer": problem.answer, "response": text}),
-            "created_at": now,
-        })
-    return rows
+    """Rollout records of sampled single replies (``models.sampling.Completion``), scored in one batch."""
+    from prime_values.roles.evaluation import scored_replies
+
+    rollouts = scored_replies(task, tokenizer, problems, prompt_ids, completions)
+    return env_rows(problems, rollouts, policy_version, shard, chunk)
 
 
 def env_rows(problems, rollouts, policy_version: int, shard: str, chunk: int) -> list[dict]:
-    """Rollout records of environment episodes (``task.rollout``: multi-turn traces whose environment tokens have
-    policy_mask 0), in the same schema as ``build_rows``."""
+    """One rollout record per scored rollout (``EnvRollout``: a single reply, or an episode of ``task.rollout``
+    whose environment tokens have policy_mask 0): the flat trace, its masks, logprobs and verified reward."""
     rows, now = [], time.time()
     for k, r in enumerate(rollouts):
         problem = problems[r.prompt_index]
@@ -72,23 +53,15 @@ def env_rows(problems, rollouts, policy_version: int, shard: str, chunk: int) ->
 
 def generate_rows(task, policy, tokenizer, problems, cfg, seed: int, policy_version: int, shard: str,
                   chunk: int) -> list[dict]:
-    """Sample and score one chunk: ``group_size`` rollouts per problem. ``policy`` is an inference backend
-    (``prime_values.backends``: hf or vllm) or a bare transformers model (sampled as the hf backend does). A task
-    that drives its own turns (``task.rollout``, e.g. task=verifiers; hf only) runs its episodes; every other task
-    is one sampled reply per rollout."""
-    from prime_values.backends import as_backend
-    from prime_values.roles.evaluation import encode_prompts
+    """Sample and score one chunk: ``group_size`` rollouts per problem (``roles.evaluation.sample_and_score``:
+    episodes for a task that drives its own turns, one reply per rollout otherwise). ``policy`` is an inference
+    backend (``prime_values.backends``: hf or vllm) or a bare transformers model."""
+    from prime_values.roles.evaluation import sample_and_score
 
-    inf, backend = cfg.inference, as_backend(policy)
-    if hasattr(task, "rollout"):
-        rollouts = task.rollout(backend.model, tokenizer, problems, num_samples=inf.group_size,
+    inf = cfg.inference
+    rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=inf.group_size,
                                 max_new_tokens=inf.max_new_tokens, temperature=inf.temperature, seed=seed)
-        return env_rows(problems, rollouts, policy_version, shard, chunk)
-    prompt_ids = encode_prompts(tokenizer, problems)
-    completions = backend.sample(prompt_ids, num_samples=inf.group_size, max_new_tokens=inf.max_new_tokens,
-                                 temperature=inf.temperature, eos_id=tokenizer.eos_token_id,
-                                 pad_id=tokenizer.pad_token_id, seed=seed)
-    return build_rows(problems, completions, prompt_ids, task, policy_version, shard, chunk, tokenizer)
+    return env_rows(problems, rollouts, policy_version, shard, chunk)
 
 
 class WarmupOffset:
