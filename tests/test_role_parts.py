@@ -307,3 +307,31 @@ def test_policy_trainer_skips_a_batch_it_trained_before_a_restart(tmp_path):
     fresh = LogReader(tmp_path / "batches", "other", tmp_path / "cursors", "batches")
     with pytest.raises(AssertionError, match="not for step 0"):  # a batch from the future is an error, not skipped
         next_rows(fresh, Ctx(), 0)
+
+
+def test_ready_groups_take_one_chunk_of_every_worker():
+    """Seen in CI with 2 workers (prompts_per_step 4, 2 groups a chunk, steps=4): worker 1 ran ahead and its
+    chunk for step 4 filled batch 3 next to worker 0's chunk 1 (arrival order), leaving worker 0's chunks 2 and 3
+    for step 4; chunk 2 was stale there, and no worker generates past its last chunk: the run waited forever.
+    Per-worker queues give every batch one chunk of each worker."""
+    from prime_values.roles.orchestrator import ReadyGroups
+
+    def group(shard: str, chunk: int, version: int) -> dict:
+        return {"rollouts": [{"shard": shard, "policy_version": version, "group_id": f"{shard}-{chunk}"}] * 4}
+
+    ready = ReadyGroups(workers=2, per_worker=2)
+    for shard, chunk, version in [("w0", 0, 0), ("w1", 0, 0), ("w1", 1, 0), ("w0", 1, 0), ("w1", 2, 1),
+                                  ("w1", 3, 2)]:  # arrival order: worker 1 is ahead
+        ready.add(group(shard, chunk, version))
+        ready.add(group(shard, chunk, version))
+    batch = ready.take()
+    assert [g["rollouts"][0]["group_id"] for g in batch] == ["w0-0", "w0-0", "w1-0", "w1-0"]
+    assert [g["rollouts"][0]["group_id"] for g in ready.take()] == ["w0-1", "w0-1", "w1-1", "w1-1"]
+    assert ready.take() is None and len(ready) == 4  # worker 0's chunk 2 is not here yet
+    ready.add(group("w0", 2, 1))
+    ready.add(group("w0", 2, 1))
+    assert ready.drop_stale(step=3, max_off_policy=1) == 0
+    assert [g["rollouts"][0]["group_id"] for g in ready.take()] == ["w0-2", "w0-2", "w1-2", "w1-2"]
+    ready.add(group("w0", 3, 0))  # a straggler too old for step 4 (version 0: (4 - 1) - 0 > 1)
+    assert ready.drop_stale(step=4, max_off_policy=1) == 4 and len(ready) == 2
+    assert ready.take() is None

@@ -253,6 +253,40 @@ def held_positions(rows) -> dict[str, int]:
     return held
 
 
+class ReadyGroups:
+    """Complete, admitted groups waiting for a batch: one FIFO per inference worker shard. Batch n takes the oldest
+    `prompts_per_step / inference_workers` groups of EVERY worker, as each worker generates one chunk of that many
+    groups per step: a worker that ran ahead must not fill a batch with its next chunk while another worker's chunk
+    for this step waits, which would leave that chunk to go stale with nothing generated to replace it."""
+
+    def __init__(self, workers: int, per_worker: int) -> None:
+        self.queues: dict[str, deque] = {f"w{w}": deque() for w in range(workers)}
+        self.per_worker = per_worker
+
+    def add(self, group: dict) -> None:
+        self.queues[group["rollouts"][0]["shard"]].append(group)
+
+    def drop_stale(self, step: int, max_off_policy: int) -> int:
+        """Drop the groups too far behind for `step` (oldest first in each queue); returns the rollouts dropped."""
+        dropped = 0
+        for queue in self.queues.values():
+            while queue and (step - 1) - queue[0]["rollouts"][0]["policy_version"] > max_off_policy:
+                dropped += len(queue.popleft()["rollouts"])
+        return dropped
+
+    def take(self) -> list[dict] | None:
+        """The next batch's groups (worker by worker), or None while some worker has fewer than its share."""
+        if any(len(queue) < self.per_worker for queue in self.queues.values()):
+            return None
+        return [queue.popleft() for queue in self.queues.values() for _ in range(self.per_worker)]
+
+    def __iter__(self):
+        return (group for queue in self.queues.values() for group in queue)
+
+    def __len__(self) -> int:
+        return sum(map(len, self.queues.values()))
+
+
 def already_used(ctx: RoleContext, needs_values: bool) -> tuple[set[str], set[str]]:
     """(rollout ids in published batches, group ids whose targets were published): what a restarted
     orchestrator must not batch or send to the value trainer again."""
@@ -291,7 +325,8 @@ def main(run_dir: str) -> None:
     provenance = CriticProvenance(ctx.run.weights("critic")) if needs_values else None
     recent: deque[dict] = deque(maxlen=cfg.inference.prompts_per_step)  # the critic's latest scored groups
     running_ev = cfg.advantage.estimator == "tether" and cfg.advantage.tether_mode == "running"
-    ready: deque[dict] = deque()
+    workers = cfg.topology.inference_workers
+    ready = ReadyGroups(workers, cfg.inference.prompts_per_step // workers)
     step = batches.next_seq + 1  # batch n is segment n - 1 of the batches stream
     dropped_stale = dropped_warmup = 0
 
@@ -311,7 +346,7 @@ def main(run_dir: str) -> None:
             if group_values is not None:
                 recent.append(group)
             if gate is None or gate.admit(group, recent):
-                ready.append(group)
+                ready.add(group)
             else:
                 dropped_warmup += len(group_rollouts)
                 if gate.is_open:
@@ -323,14 +358,11 @@ def main(run_dir: str) -> None:
         if scored_rows:
             with timers.time("io"):
                 targets.append(scored_rows)
-        while step <= cfg.steps and ready:
-            # drop groups that became too stale for this step; keep the freshest-first order of arrival
-            while ready and (step - 1) - ready[0]["rollouts"][0]["policy_version"] > max_off_policy:
-                ready.popleft()
-                dropped_stale += cfg.inference.group_size
-            if len(ready) < cfg.inference.prompts_per_step:
+        while step <= cfg.steps:
+            dropped_stale += ready.drop_stale(step, max_off_policy)  # too far behind for this step
+            groups = ready.take()
+            if groups is None:
                 break
-            groups = [ready.popleft() for _ in range(cfg.inference.prompts_per_step)]
             with timers.time("compute"):
                 rows = batch_rows(step, groups, cfg.advantage.whiten)
             with timers.time("io"):
