@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import time
 from pathlib import Path
 
 from prime_values.models import lora
@@ -79,12 +78,16 @@ class _EngineAdopter(Adopter):
     """An Adopter that skips a version whose files are bad (as usual) but lets an engine failure end the role
     (the conductor restarts it with a fresh engine) instead of skipping a good version for it."""
 
+    def __init__(self, root, backend: "VLLMBackend") -> None:
+        super().__init__(root, backend._adopt)
+        self.backend = backend
+
     def poll(self) -> bool:
         skipped = set(self.skipped)
         adopted = super().poll()
-        if self.load.__self__.failure is not None:
+        if self.backend.failure is not None:
             self.skipped = skipped  # the version itself is fine
-            raise self.load.__self__.failure
+            raise self.backend.failure
         return adopted
 
 
@@ -95,10 +98,8 @@ class VLLMBackend:
         self.loaded: Path | None = None  # the full version whose weights the engine holds
         self.adapter = None  # the LoRARequest of the adopted adapter version, None for a full version
         self.failure: EngineFailed | None = None  # set when the engine is unusable; the role must restart
-        self.start_s: float | None = None  # engine start, seconds
-        self.adopt_s: float | None = None  # the last adoption (in place), seconds
         self.in_place = 0  # adoptions without an engine start
-        self.policy = _EngineAdopter(policy_root, self._adopt)
+        self.policy = _EngineAdopter(policy_root, self)
 
     @property
     def model(self):
@@ -109,7 +110,7 @@ class VLLMBackend:
 
     def _adopt(self, path: Path) -> "VLLMBackend":
         path = Path(path).resolve()
-        started, fresh = time.time(), self.llm is None
+        fresh = self.llm is None
         check_weights(path)
         if lora.is_adapter(path):
             from vllm.lora.request import LoRARequest
@@ -123,19 +124,16 @@ class VLLMBackend:
         else:
             self._hold_full(path)
             self.adapter = None
-        self.adopt_s = time.time() - started
         self.in_place += not fresh
         return self
 
     def _hold_full(self, path: Path) -> None:
         if self.llm is None:
-            started = time.time()
             try:
                 self.llm = self._start(path)
             except Exception as error:
                 self.failure = EngineFailed(f"the vLLM engine did not start from {path}: {error}")
                 raise
-            self.start_s = time.time() - started
             self.loaded = path
             return
         if self.loaded == path:
