@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,7 +28,7 @@ def test_critic_sweep_report_reads_run_directories(tmp_path):
 
     from prime_values.config import Config
 
-    def fake_run(name, estimator, seed, accuracies, ev):
+    def fake_run(name, estimator, seed, accuracies, ev, sums=None):
         run = tmp_path / "sweep" / name
         (run / "metrics").mkdir(parents=True)
         cfg = OmegaConf.structured(Config)
@@ -35,9 +37,13 @@ def test_critic_sweep_report_reads_run_directories(tmp_path):
         lines = [{"time": 10.0 + s, "step": s, "heldout_accuracy": a} for s, a in zip((0, 50, 100), accuracies)]
         (run / "metrics" / "policy_trainer.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
         batches = [{"time": 0.0, "step": s, "critic_explained_variance": ev} for s in range(1, 101)]
+        for b in batches[-10:] if sums else []:
+            b["critic_ev_sums"] = sums
         (run / "metrics" / "orchestrator.jsonl").write_text("".join(json.dumps(x) + "\n" for x in batches))
 
-    fake_run("0", "gae", 0, (0.3, 0.45, 0.5), 0.95)
+    # pooled over the last 10 batches: y = [0, 1], pred = [0, 0.5] in each -> EV 0.75 (algo/ev.py), not the 0.95
+    # of the per-batch figure
+    fake_run("0", "gae", 0, (0.3, 0.45, 0.5), 0.95, sums=[2.0, 0.5, 0.25, 1.0, 1.0])
     fake_run("1", "grpo", 0, (0.3, 0.35, 0.45), float("nan"))
     sys.path.insert(0, str(ROOT / "bench"))
     import critic_sweep
@@ -45,6 +51,31 @@ def test_critic_sweep_report_reads_run_directories(tmp_path):
     assert critic_sweep.main([str(tmp_path / "sweep"), "--gain", "0.1"]) == 0
     summary = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["summary"]
     assert summary["gae/privileged"]["steps_to_target"] == [50] and summary["grpo"]["steps_to_target"] == [100]
+    assert summary["gae/privileged"]["final_explained_variance_mean"] == pytest.approx(0.75)
+    assert summary["grpo"]["final_explained_variance_mean"] is None
     text = (tmp_path / "sweep" / "sweep.md").read_text()
     assert "steps to target / grpo = 0.50 (goal <= 0.7): MET" in text
     assert (tmp_path / "sweep" / "sweep.png").stat().st_size > 10_000
+
+
+def test_critic_oracle_values_hand_worked():
+    """V*(s_j) = pi(reference[j:] | prefix) while the response follows the reference, else 0 (bench/critic_oracle.py)."""
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import critic_oracle
+
+    a, b, eos = 3, 4, 1
+
+    def policy(ids):  # prompt [7, 8]; pi(a | prompt) = 0.5, pi(eos | prompt + a) = 0.8
+        logits = torch.full((1, ids.shape[1], 6), -1e9)
+        logits[0, 1, a], logits[0, 1, b] = 0.0, 0.0  # two equal tokens: 0.5 each
+        logits[0, 2, eos], logits[0, 2, b] = math.log(0.8), math.log(0.2)
+        return SimpleNamespace(logits=logits)
+
+    assert critic_oracle.oracle_values(policy, [7, 8], [a, eos], [a, eos], 1.0) == pytest.approx([0.4, 0.8])
+    assert critic_oracle.oracle_values(policy, [7, 8], [a, eos], [b, eos], 1.0) == pytest.approx([0.4, 0.0])
+    assert critic_oracle.oracle_values(policy, [7, 8], [a, eos], [a, b, eos], 1.0) == pytest.approx([0.4, 0.8, 0.0])

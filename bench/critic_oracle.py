@@ -1,0 +1,119 @@
+"""How good could the critic be? A run's critic against the exact oracle value, on fresh rollouts of one policy.
+
+    python bench/critic_oracle.py <run dir> [--version V] [--critic C] [--prompts 256] [--temperature T]
+
+For a task whose reward is exact match with one reference string (arith), the value of every state under the
+policy is known exactly, with no Monte-Carlo noise: V*(s_t) = 1[response so far == reference prefix] *
+pi(rest of the reference, then eos | s_t), one teacher-forced forward pass of the policy over
+prompt + reference + eos per prompt. The script samples `--group` fresh rollouts per training prompt from
+policy version V (the inference role's sampler and scorer), scores them with critic version C (the evaluator's
+critic input, privileged or not as the run was configured) and prints, side by side on the same rollouts:
+
+- oracle EV: explained variance of V* against the realised returns, pooled over policy tokens (the ceiling any
+  critic of this policy can reach: the rest is the policy's own sampling noise);
+- critic EV and its ratio to the oracle; both per position in the response.
+
+Both default to the newest versions of the run. Values are compared with gamma = 1 Monte-Carlo returns (the
+reward of the rollout at every state), as the orchestrator's critic-health figure does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from prime_values.models import load_critic, load_policy  # noqa: E402
+from prime_values.roles.critic_io import CriticInputs  # noqa: E402
+from prime_values.roles.evaluation import sample_and_score  # noqa: E402
+from prime_values.tasks import make_task  # noqa: E402
+from prime_values.weights import latest_version  # noqa: E402
+
+
+def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
+    """1 - Var(target - pred) / Var(target) (population variances)."""
+    return float(1 - (target - pred).var(unbiased=False) / target.var(unbiased=False))
+
+
+@torch.no_grad()
+def oracle_values(policy, prompt: list[int], reference: list[int], response: list[int], temperature: float) -> list[float]:
+    """V*(s_j) for every response position j (the state before response token j), for exact-match reward:
+    pi(reference[j:] | prompt + reference[:j]) while the response so far equals the reference prefix, else 0.
+    ``reference`` ends with eos. Hand-worked: reference [a, eos] with pi(a) = 0.5, pi(eos | a) = 0.8 ->
+    response [a, eos]: [0.4, 0.8]; response [b, eos]: [0.4, 0.0]."""
+    logits = policy(torch.tensor([prompt + reference])).logits[0].float()
+    logprobs = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
+    k = len(prompt)
+    token_lp = torch.stack([logprobs[k - 1 + j, reference[j]] for j in range(len(reference))])
+    suffix = torch.flip(torch.cumsum(torch.flip(token_lp, [0]), 0), [0]).exp()  # pi(reference[j:] | ...)
+    return [float(suffix[j]) if j < len(reference) and response[:j] == reference[:j] else 0.0
+            for j in range(len(response))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="a run directory (config.yaml, weights/)")
+    parser.add_argument("--version", type=int, default=None, help="policy version (default: LATEST)")
+    parser.add_argument("--critic", type=int, default=None, help="critic version (default: LATEST)")
+    parser.add_argument("--prompts", type=int, default=256, help="fresh training prompts")
+    parser.add_argument("--group", type=int, default=None, help="samples per prompt (default: inference.group_size)")
+    parser.add_argument("--temperature", type=float, default=None, help="default: inference.temperature")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    cfg = OmegaConf.load(args.run / "config.yaml")
+    if cfg.task.name != "arith":
+        print(f"critic_oracle: task {cfg.task.name!r} has no exact oracle here; only arith (exact match with one "
+              "reference) does", file=sys.stderr)
+        return 2
+    torch.manual_seed(args.seed)
+    weights = args.run / "weights"
+    version = latest_version(weights / "policy") if args.version is None else args.version
+    critic_version = latest_version(weights / "critic") if args.critic is None else args.critic
+    if version is None or critic_version is None:
+        print(f"critic_oracle: {weights} holds no published policy or critic version", file=sys.stderr)
+        return 2
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(weights / "policy" / str(version)))
+    policy, critic = load_policy(weights / "policy" / str(version)).eval(), load_critic(
+        weights / "critic" / str(critic_version)).eval()
+    task = make_task(**cfg.task)
+    temperature = cfg.inference.temperature if args.temperature is None else args.temperature
+    group = args.group or cfg.inference.group_size
+    problems = task.sample(random.Random(args.seed), args.prompts)
+    rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=group,
+                                max_new_tokens=cfg.inference.max_new_tokens, temperature=temperature, seed=args.seed)
+    rows = [{"token_ids": r.token_ids, "policy_mask": r.policy_mask, "privileged": problems[r.prompt_index].privileged}
+            for r in rollouts]
+    with torch.no_grad():
+        inputs = CriticInputs(rows, tokenizer, cfg.critic.template, cfg.critic.privileged, cfg.critic.max_length)
+        critic_v = inputs.values(critic, cfg.critic.loss)
+    oracle, learnt, returns, position = [], [], [], []
+    for b, r in enumerate(rollouts):
+        k = r.policy_mask.index(1)
+        prompt, response = list(r.token_ids[:k]), list(r.token_ids[k:])
+        reference = tokenizer.encode(problems[r.prompt_index].answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+        oracle += oracle_values(policy, prompt, reference, response, temperature)
+        learnt += critic_v[b, k:len(r.token_ids)].tolist()
+        returns += [r.reward] * len(response)
+        position += range(len(response))
+    oracle, learnt, returns, position = map(torch.tensor, (oracle, learnt, returns, position))
+    o, c = explained_variance(oracle, returns), explained_variance(learnt, returns)
+    print(f"run {args.run}: policy v{version}, critic v{critic_version}, {len(rollouts)} fresh rollouts "
+          f"({args.prompts} prompts x {group}, T={temperature}), {len(returns)} states, reward {returns.mean():.3f}")
+    print(f"explained variance  oracle {o:.3f}  critic {c:.3f}  critic / oracle {c / o:.2f}")
+    for j in range(int(position.max()) + 1):
+        at = position == j
+        if int(at.sum()) >= 20 and returns[at].var() > 0:
+            print(f"  position {j}: {int(at.sum()):5d} states  oracle {explained_variance(oracle[at], returns[at]):.3f}"
+                  f"  critic {explained_variance(learnt[at], returns[at]):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
