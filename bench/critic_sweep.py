@@ -1,9 +1,10 @@
 """What the critic buys: read a Hydra multirun of the arith experiment and compare advantage estimators.
 
-    python -m prime_values -m +experiment=arith advantage=gae,tether critic.privileged=true,false seed=0,1 \
-        hydra.sweep.dir=sweeps/critic
-    python -m prime_values -m +experiment=arith advantage=grpo seed=0,1 hydra.sweep.dir=sweeps/grpo
-    python bench/critic_sweep.py sweeps/critic sweeps/grpo --out sweeps/report
+    python -m prime_values -m +experiment=arith advantage=gae,tether critic.privileged=true,false seed=0,1,2 \
+        steps=200 eval_every=25 hydra.sweep.dir=sweeps/critic
+    python -m prime_values -m +experiment=arith advantage=grpo seed=0,1,2 steps=200 eval_every=25 \
+        hydra.sweep.dir=sweeps/grpo
+    python bench/critic_sweep.py sweeps/critic sweeps/grpo --gain 0.2 --out sweeps/report
 
 For every run directory (a subdirectory holding config.yaml and metrics/) it reads the held-out accuracy
 curve of the policy trainer and the critic's explained variance on fresh rollouts from the orchestrator, then
