@@ -28,6 +28,7 @@ import torch
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from prime_values.algo.gae import explained_variance  # noqa: E402
 from prime_values.models import load_critic, load_policy  # noqa: E402
 from prime_values.roles.critic_io import CriticInputs  # noqa: E402
 from prime_values.roles.evaluation import sample_and_score  # noqa: E402
@@ -35,24 +36,27 @@ from prime_values.tasks import make_task  # noqa: E402
 from prime_values.weights import latest_version  # noqa: E402
 
 
-def explained_variance(pred: torch.Tensor, target: torch.Tensor) -> float:
-    """1 - Var(target - pred) / Var(target) (population variances)."""
-    return float(1 - (target - pred).var(unbiased=False) / target.var(unbiased=False))
-
-
 @torch.no_grad()
-def oracle_values(policy, prompt: list[int], reference: list[int], response: list[int], temperature: float) -> list[float]:
-    """V*(s_j) for every response position j (the state before response token j), for exact-match reward:
-    pi(reference[j:] | prompt + reference[:j]) while the response so far equals the reference prefix, else 0.
-    ``reference`` ends with eos. Hand-worked: reference [a, eos] with pi(a) = 0.5, pi(eos | a) = 0.8 ->
-    response [a, eos]: [0.4, 0.8]; response [b, eos]: [0.4, 0.0]."""
+def reference_suffix_probs(policy, prompt: list[int], reference: list[int], temperature: float) -> list[float]:
+    """pi(reference[j:] | prompt + reference[:j]) for every j: one teacher-forced pass, shared by a prompt's group."""
     logits = policy(torch.tensor([prompt + reference])).logits[0].float()
     logprobs = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
     k = len(prompt)
     token_lp = torch.stack([logprobs[k - 1 + j, reference[j]] for j in range(len(reference))])
-    suffix = torch.flip(torch.cumsum(torch.flip(token_lp, [0]), 0), [0]).exp()  # pi(reference[j:] | ...)
-    return [float(suffix[j]) if j < len(reference) and response[:j] == reference[:j] else 0.0
-            for j in range(len(response))]
+    return torch.flip(torch.cumsum(torch.flip(token_lp, [0]), 0), [0]).exp().tolist()
+
+
+def values_along(suffix: list[float], reference: list[int], response: list[int]) -> list[float]:
+    """V*(s_j) for every response position j (the state before response token j): ``suffix[j]`` while the
+    response so far equals the reference prefix, else 0."""
+    return [suffix[j] if j < len(reference) and response[:j] == reference[:j] else 0.0 for j in range(len(response))]
+
+
+def oracle_values(policy, prompt: list[int], reference: list[int], response: list[int],
+                  temperature: float) -> list[float]:
+    """V*(s_j) for exact-match reward; ``reference`` ends with eos. Hand-worked: reference [a, eos] with
+    pi(a) = 0.5, pi(eos | a) = 0.8 -> response [a, eos]: [0.4, 0.8]; response [b, eos]: [0.4, 0.0]."""
+    return values_along(reference_suffix_probs(policy, prompt, reference, temperature), reference, response)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"critic_oracle: task {cfg.task.name!r} has no exact oracle here; only arith (exact match with one "
               "reference) does", file=sys.stderr)
         return 2
-    torch.manual_seed(args.seed)
     weights = args.run / "weights"
     version = latest_version(weights / "policy") if args.version is None else args.version
     critic_version = latest_version(weights / "critic") if args.critic is None else args.critic
@@ -88,30 +91,36 @@ def main(argv: list[str] | None = None) -> int:
     problems = task.sample(random.Random(args.seed), args.prompts)
     rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=group,
                                 max_new_tokens=cfg.inference.max_new_tokens, temperature=temperature, seed=args.seed)
-    rows = [{"token_ids": r.token_ids, "policy_mask": r.policy_mask, "privileged": problems[r.prompt_index].privileged}
-            for r in rollouts]
+    rows = [{"token_ids": r.token_ids, "policy_mask": r.policy_mask,
+             "privileged": problems[r.prompt_index].privileged} for r in rollouts]
     with torch.no_grad():
         inputs = CriticInputs(rows, tokenizer, cfg.critic.template, cfg.critic.privileged, cfg.critic.max_length)
         critic_v = inputs.values(critic, cfg.critic.loss)
     oracle, learnt, returns, position = [], [], [], []
+    suffixes: dict[int, tuple[list[int], list[float]]] = {}  # per prompt: reference ids, pi(reference[j:] | ...)
     for b, r in enumerate(rollouts):
         k = r.policy_mask.index(1)
         prompt, response = list(r.token_ids[:k]), list(r.token_ids[k:])
-        reference = tokenizer.encode(problems[r.prompt_index].answer, add_special_tokens=False) + [tokenizer.eos_token_id]
-        oracle += oracle_values(policy, prompt, reference, response, temperature)
+        if r.prompt_index not in suffixes:
+            reference = tokenizer.encode(problems[r.prompt_index].answer, add_special_tokens=False)
+            reference.append(tokenizer.eos_token_id)
+            suffixes[r.prompt_index] = reference, reference_suffix_probs(policy, prompt, reference, temperature)
+        reference, suffix = suffixes[r.prompt_index]
+        oracle += values_along(suffix, reference, response)
         learnt += critic_v[b, k:len(r.token_ids)].tolist()
         returns += [r.reward] * len(response)
         position += range(len(response))
     oracle, learnt, returns, position = map(torch.tensor, (oracle, learnt, returns, position))
-    o, c = explained_variance(oracle, returns), explained_variance(learnt, returns)
+    everywhere = torch.ones_like(returns, dtype=torch.bool)
+    o, c = explained_variance(oracle, returns, everywhere), explained_variance(learnt, returns, everywhere)
     print(f"run {args.run}: policy v{version}, critic v{critic_version}, {len(rollouts)} fresh rollouts "
           f"({args.prompts} prompts x {group}, T={temperature}), {len(returns)} states, reward {returns.mean():.3f}")
     print(f"explained variance  oracle {o:.3f}  critic {c:.3f}  critic / oracle {c / o:.2f}")
     for j in range(int(position.max()) + 1):
         at = position == j
-        if int(at.sum()) >= 20 and returns[at].var() > 0:
-            print(f"  position {j}: {int(at.sum()):5d} states  oracle {explained_variance(oracle[at], returns[at]):.3f}"
-                  f"  critic {explained_variance(learnt[at], returns[at]):.3f}")
+        if int(at.sum()) >= 20:  # explained_variance is nan where every return at j is the same
+            print(f"  position {j}: {int(at.sum()):5d} states  oracle {explained_variance(oracle, returns, at):.3f}"
+                  f"  critic {explained_variance(learnt, returns, at):.3f}")
     return 0
 
 

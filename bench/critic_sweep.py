@@ -111,16 +111,16 @@ def goals(summary: dict[str, dict]) -> list[str]:
         best_label = "gae/privileged" if gae <= grpo else "grpo"
         best = min(gae, grpo)
         # seed noise: two standard errors of the difference of the two means (seeds are independent runs)
-        noise = 2 * (get("tether/privileged", "steps_to_target_se") ** 2 + get(best_label, "steps_to_target_se") ** 2) ** 0.5
-        lines.append(f"tether/privileged steps to target {tether:.0f} vs the better of gae/grpo ({best_label}) {best:.0f}, "
-                     f"seed noise +-{noise:.0f} (goal: not worse beyond seed noise): "
+        noise = 2 * math.hypot(get("tether/privileged", "steps_to_target_se"), get(best_label, "steps_to_target_se"))
+        lines.append(f"tether/privileged steps to target {tether:.0f} vs the better of gae/grpo ({best_label}) "
+                     f"{best:.0f}, seed noise +-{noise:.0f} (goal: not worse beyond seed noise): "
                      f"{'MET' if tether <= best + noise else 'NOT MET'}")
     return lines
 
 
 def table(summary: dict[str, dict], gain: float) -> str:
-    rows = ["| estimator | runs | reached target | steps to target (per seed) | mean steps +- s.e. | median s to target | "
-            "final acc | gain | critic EV (fresh) |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| estimator | runs | reached target | steps to target (per seed) | mean steps +- s.e. | "
+            "median s to target | final acc | gain | critic EV (fresh) |", "|---|---|---|---|---|---|---|---|---|"]
 
     def f(x, spec):
         return "n/a" if x is None else format(x, spec)

@@ -59,7 +59,7 @@ def test_critic_sweep_report_reads_run_directories(tmp_path):
 
 
 def test_critic_oracle_values_hand_worked():
-    """V*(s_j) = pi(reference[j:] | prefix) while the response follows the reference, else 0 (bench/critic_oracle.py)."""
+    """V*(s_j) = pi(reference[j:] | prefix) while the response follows the reference, else 0 (critic_oracle.py)."""
     import math
     from types import SimpleNamespace
 
