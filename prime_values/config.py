@@ -165,6 +165,10 @@ class CriticConfig:
     """rollouts per critic optimizer step, sampled from the replay buffer"""
     publish_every: int = 4
     """critic optimizer steps between published critic versions"""
+    weight_average: float = 0.0
+    """decay of an exponential moving average of the critic's weights, updated after every critic step (0 =
+    off): published versions (and a colocated evaluator's scores) use the average, training goes on with the
+    raw weights; a restart resumes training from the published average"""
     max_length: int = 256
     """critic context in tokens; longer traces are cut and marked `cut`"""
     score_batch_rollouts: int = 256
@@ -678,6 +682,9 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     if cfg.critic.value_clip < 0 or (cfg.critic.value_clip > 0 and cfg.critic.loss == "bce"):
         raise ConfigError(f"critic.value_clip={cfg.critic.value_clip} must be >= 0 and is not defined for "
                           "critic.loss=bce; set critic.value_clip=0")
+    if not 0 <= cfg.critic.weight_average < 1:
+        raise ConfigError(f"critic.weight_average={cfg.critic.weight_average} must be in [0, 1) (the decay of "
+                          "the critic's weight average); use e.g. 0.95, or 0 for no average")
     if cfg.launcher.name == "slurm":
         _check_slurm(cfg.launcher)
     from_run = cfg.critic.warm_start.from_run

@@ -62,6 +62,7 @@ def train_worker(world: int, out: str) -> None:
     from omegaconf import OmegaConf
 
     from prime_values import dist
+    from prime_values.algo.ema import WeightAverage
     from prime_values.models import build_char_tokenizer, build_tiny_policy, save_model
     from prime_values.roles.policy_trainer import train_step
 
@@ -77,12 +78,20 @@ def train_worker(world: int, out: str) -> None:
     cfg.policy.max_grad_norm = 0.5
     cfg.policy.kl_coef = 0.1
     rows = make_rows(tokenizer)
-    stats = [train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, "cpu") for _ in range(STEPS)]
-    full = dist.unsharded(model)
+    average = WeightAverage(model.parameters(), 0.5)  # critic.weight_average: kept per shard, like the weights
+    stats = []
+    for _ in range(STEPS):
+        stats.append(train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, "cpu"))
+        average.update()
+    with average.swapped():
+        averaged = dist.unsharded(model)
+        averaged = {k: v.detach().clone() for k, v in averaged.state_dict().items()} if group.main else None
+    full = dist.unsharded(model)  # the trained weights again after the block
     if group.main:
         save_model(full, tokenizer, Path(out) / "published")
         state = {k: v.detach().clone() for k, v in full.state_dict().items()}
-        torch.save({"grads": optimizer.grads, "stats": stats, "state": state}, Path(out) / "result.pt")
+        torch.save({"grads": optimizer.grads, "stats": stats, "state": state, "averaged": averaged},
+                   Path(out) / "result.pt")
     dist.teardown()
 
 
@@ -163,6 +172,9 @@ def test_two_process_fsdp_matches_one_process(tmp_path):
           f"weights after {STEPS} AdamW steps max relative norm {weight_rel:.2e}")
     assert grad_abs < 1e-7 and grad_rel < 1e-6, (grad_abs, grad_rel)
     assert weight_rel < 1e-6, weight_rel
+    # the weight average of the sharded weights is the single-process one, and it is not the trained weights
+    assert max(rel(two["averaged"][k], one["averaged"][k]) for k in one["averaged"]) < 1e-6
+    assert max(rel(one["averaged"][k], one["state"][k]) for k in one["state"]) > 1e-4
     for a, b in zip(one["stats"], two["stats"]):  # the metrics are the whole batch's, not rank 0's share
         assert a.keys() == b.keys()
         for key in a:

@@ -6,6 +6,7 @@ batches. Colocated topology: the value trainer owns a `Scorer` and serves it bet
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -48,9 +49,11 @@ class Scorer:
         return max(max(segment.table.column("policy_version").to_pylist()) for segment in self.pending)
 
     @torch.no_grad()
-    def score_pending(self, critic, critic_version: int, max_segments: int = 4, skipped_versions: int = 0) -> int:
+    def score_pending(self, critic, critic_version: int, max_segments: int = 4, skipped_versions: int = 0,
+                      weights=contextlib.nullcontext) -> int:
         """Score what has arrived since the last call; returns the number of rollouts scored.
-        `skipped_versions`: critic versions the caller could not load (logged with the figures)."""
+        `skipped_versions`: critic versions the caller could not load (logged with the figures). `weights`: a
+        context in which `critic` holds the weights of `critic_version` (colocated: the published average)."""
         with self.timers.time("io"):
             segments = self.pending + self.reader.poll(max_segments=max_segments)
         if not segments:
@@ -65,7 +68,7 @@ class Scorer:
         was_training = critic.training
         critic.eval()
         out = []
-        with self.timers.time("compute"):
+        with self.timers.time("compute"), weights():
             for begin in range(0, len(rows), self.cfg.critic.score_batch_rollouts):
                 chunk = rows[begin: begin + self.cfg.critic.score_batch_rollouts]
                 inputs = CriticInputs(chunk, self.tokenizer, self.cfg.critic.template, self.cfg.critic.privileged,

@@ -16,6 +16,7 @@ import time
 import torch
 
 from prime_values import dist
+from prime_values.algo.ema import WeightAverage
 from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.replay import IngestQueue, ReplayBuffer, dump_snapshot, load_snapshot
@@ -88,6 +89,7 @@ def main(run_dir: str) -> None:
     critic = dist.shard((loaded if group.main else load(version_dir(critic_root, version))).to(device).train())
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
     optimizer = torch.optim.AdamW(lora.trainable(critic), lr=cfg.critic.lr)
+    average = WeightAverage(lora.trainable(critic), cfg.critic.weight_average)  # what is published
     if version > 0:  # the Adam moments of the version resumed from, with any process count
         ctx.log.info("resuming after critic version %d: %s", version, dist.restore_optimizer_state(
             critic, optimizer, lambda: read_optimizer_state(version_dir(critic_root, version))))
@@ -122,7 +124,7 @@ def main(run_dir: str) -> None:
         while True:
             batch, publish_now = None, False  # rank 0 stopping (None ends every rank), or another rank
             if group.main and not ctx.stopping():
-                if scorer and scorer.score_pending(critic, version):
+                if scorer and scorer.score_pending(critic, version, weights=average.swapped):
                     continue  # scoring has priority: drain the rollouts waiting for values first
                 for row in queue.drain():
                     buffer.add(row)
@@ -150,17 +152,19 @@ def main(run_dir: str) -> None:
             began = time.time()
             with timers.time("compute"):
                 stats = critic_step(critic, optimizer, dist.share(batch)[0], tokenizer, cfg, device)
+                average.update()
             step_s = time.time() - began
             steps += 1
             if publish_now if lockstep else steps % cfg.critic.publish_every == 0:
                 version += 1
-                full = dist.unsharded(critic)  # the critic itself with one process
                 every = cfg.log.optimizer_state_every  # gathered by every rank (a collective), saved by rank 0
                 opt_state = dist.optimizer_state(critic, optimizer) if every and version % every == 0 else None
-                if group.main:
-                    with timers.time("io"):
-                        publish(critic_root, version, save)
-                        prune(critic_root, keep=cfg.log.keep_weights, protect=lora.protected(full))
+                with average.swapped():  # critic.weight_average: the averaged weights are the version
+                    full = dist.unsharded(critic)  # the critic itself with one process
+                    if group.main:
+                        with timers.time("io"):
+                            publish(critic_root, version, save)
+                            prune(critic_root, keep=cfg.log.keep_weights, protect=lora.protected(full))
             if not group.main:
                 continue
             if cfg.critic.throttle_s or cfg.critic.throttle_factor:  # a simulated slower critic: counted as compute

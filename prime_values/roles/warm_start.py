@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from prime_values.algo.ema import WeightAverage
 from prime_values.algo.gae import gae
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import critic_step, padded
@@ -91,15 +92,18 @@ def pretrain_critic(ctx: RoleContext, critic, tokenizer, rows: list[dict]) -> No
     cfg = ctx.cfg
     critic.train()
     optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
+    average = WeightAverage(critic.parameters(), cfg.critic.weight_average)  # version 0 is the average too
     rng = random.Random(ctx.seed(4))
     steps = cfg.critic.warm_start.steps
     for step in range(1, steps + 1):
         stats = critic_step(critic, optimizer, rng.sample(rows, min(cfg.critic.batch_rollouts, len(rows))),
                             tokenizer, cfg, ctx.device)
+        average.update()
         if step % 25 == 0 or step == steps:
             ctx.metrics.log(critic_pretrain_step=step, **stats)
         if ctx.stopping():
             raise SystemExit("warm start stopped during critic pretraining: the run was stopped")
+    average.assign()
     critic.eval()
 
 
