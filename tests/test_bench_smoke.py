@@ -79,3 +79,31 @@ def test_critic_oracle_values_hand_worked():
     assert critic_oracle.oracle_values(policy, [7, 8], [a, eos], [a, eos], 1.0) == pytest.approx([0.4, 0.8])
     assert critic_oracle.oracle_values(policy, [7, 8], [a, eos], [b, eos], 1.0) == pytest.approx([0.4, 0.0])
     assert critic_oracle.oracle_values(policy, [7, 8], [a, eos], [a, b, eos], 1.0) == pytest.approx([0.4, 0.8, 0.0])
+
+
+def test_critic_curve_runs_on_a_run_directory(tmp_path):
+    """bench/critic_curve.py end to end on a tiny run directory: a line per evaluation with the critic's and the
+    oracle's explained variance; a misspelled override is one line naming the key, exit 2."""
+    from omegaconf import OmegaConf
+
+    from prime_values.config import Config
+    from prime_values.models import build_char_tokenizer, build_critic, build_tiny_policy, save_model
+    from prime_values.weights import publish
+
+    arch = dict(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128)
+    tokenizer, policy_root = build_char_tokenizer(), tmp_path / "weights" / "policy"
+    publish(policy_root, 0, lambda path: save_model(build_tiny_policy(tokenizer, seed=0, **arch), tokenizer, path))
+    critic = build_critic(policy_root / "0", tokenizer, seed=1)
+    publish(tmp_path / "weights" / "critic", 0, lambda path: save_model(critic, tokenizer, path))
+    cfg = OmegaConf.structured(Config)
+    cfg.task.name = "arith"
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    command = [sys.executable, "bench/critic_curve.py", str(tmp_path), "--train-prompts", "8", "--eval-prompts", "8",
+               "--steps", "2", "--every", "1", "--weight-average", "0.5", "critic.batch_rollouts=16"]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = re.findall(r"step +(\d+) +EV (-?\d+\.\d+|nan) \(oracle (-?\d+\.\d+|nan)\)", out.stdout)
+    assert [int(s[0]) for s in steps] == [0, 1, 2], out.stdout
+    assert "64 training and 64 evaluation rollouts" in out.stdout and "batch 16" in out.stdout, out.stdout
+    bad = subprocess.run(command[:-1] + ["critic.lrr=1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "critic.lrr" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

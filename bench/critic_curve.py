@@ -1,0 +1,148 @@
+"""How fast can a critic learn one fixed policy's values? A learning curve against the exact oracle, offline.
+
+    python bench/critic_curve.py <run dir> [--version V] [--critic C] [--steps 600] [--every 100]
+        [--train-prompts 4096] [--weight-average 0.95] [key=value ...]
+
+The pipeline's critic chases a moving policy with a few hundred steps; this separates how fast the critic learns
+from how fast the policy moves. It samples a pool of fresh rollouts of policy version V (the inference role's
+sampler and scorer, `--group` per prompt), trains critic version C (the critic pretrained in the warm start by
+default) on it with the value trainer's own `critic_step`, each rollout used once in order, and every `--every`
+steps prints the explained variance against the realised returns on a separate evaluation pool, overall and per
+response position, next to the exact oracle's (bench/critic_oracle.py) and the mean squared distance to it.
+`key=value` overrides the run's config (e.g. critic.lr=0.006 critic.batch_rollouts=32); `--weight-average` is
+critic.weight_average (the curve is then the average's). arith only (exact match with one reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from critic_oracle import reference_suffix_probs, values_along  # noqa: E402
+
+from prime_values.algo.ema import WeightAverage  # noqa: E402
+from prime_values.algo.gae import explained_variance  # noqa: E402
+from prime_values.models import load_critic, load_policy  # noqa: E402
+from prime_values.roles.critic_io import CriticInputs, critic_step  # noqa: E402
+from prime_values.roles.evaluation import sample_and_score  # noqa: E402
+from prime_values.tasks import make_task  # noqa: E402
+from prime_values.weights import latest_version  # noqa: E402
+
+
+def pool(policy, tokenizer, task, cfg, prompts: int, group: int, seed: int) -> list[dict]:
+    """Fresh scored rollouts with Monte-Carlo targets and the oracle value of every policy token."""
+    problems = task.sample(random.Random(seed), prompts)
+    rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=group,
+                                max_new_tokens=cfg.inference.max_new_tokens,
+                                temperature=cfg.inference.temperature, seed=seed)
+    suffixes, rows = {}, []
+    for r in rollouts:
+        k = r.policy_mask.index(1)
+        if r.prompt_index not in suffixes:
+            reference = tokenizer.encode(problems[r.prompt_index].answer, add_special_tokens=False)
+            reference.append(tokenizer.eos_token_id)
+            suffixes[r.prompt_index] = reference, reference_suffix_probs(
+                policy, list(r.token_ids[:k]), reference, cfg.inference.temperature)
+        reference, suffix = suffixes[r.prompt_index]
+        rows.append({"token_ids": list(r.token_ids), "policy_mask": list(r.policy_mask), "reward": r.reward,
+                     "privileged": problems[r.prompt_index].privileged,
+                     "value_targets": [r.reward * m for m in r.policy_mask],
+                     "oracle": values_along(suffix, reference, list(r.token_ids[k:]))})
+    return rows
+
+
+@torch.no_grad()
+def evaluate(critic, rows: list[dict], tokenizer, cfg) -> dict:
+    """Explained variance of the critic (and of the oracle) against the returns, pooled and per position."""
+    was_training = critic.training
+    critic.eval()
+    learnt = []
+    for begin in range(0, len(rows), 512):
+        chunk = rows[begin: begin + 512]
+        inputs = CriticInputs(chunk, tokenizer, cfg.critic.template, cfg.critic.privileged, cfg.critic.max_length)
+        values = inputs.values(critic, cfg.critic.loss).float()
+        learnt += [values[b, r["policy_mask"].index(1): len(r["token_ids"])] for b, r in enumerate(chunk)]
+    critic.train(was_training)
+    learnt = torch.cat(learnt)
+    oracle = torch.tensor([v for r in rows for v in r["oracle"]])
+    returns = torch.tensor([float(r["reward"]) for r in rows for _ in r["oracle"]])
+    position = torch.tensor([j for r in rows for j in range(len(r["oracle"]))])
+    everywhere = torch.ones_like(returns, dtype=torch.bool)
+    return {"critic": explained_variance(learnt, returns, everywhere),
+            "oracle": explained_variance(oracle, returns, everywhere),
+            "per_position": [explained_variance(learnt, returns, position == j) for j in range(4)
+                             if int((position == j).sum()) >= 20],
+            "mse_to_oracle": float(((learnt - oracle) ** 2).mean())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="a run directory (config.yaml, weights/)")
+    parser.add_argument("--version", type=int, default=None, help="policy version (default: LATEST)")
+    parser.add_argument("--critic", type=int, default=0, help="critic version to start from (default 0)")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--every", type=int, default=100)
+    parser.add_argument("--train-prompts", type=int, default=4096)
+    parser.add_argument("--eval-prompts", type=int, default=512)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--weight-average", type=float, default=0.0, help="critic.weight_average")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("overrides", nargs="*", help="key=value on the run's config")
+    args = parser.parse_intermixed_args(argv)
+    cfg = OmegaConf.load(args.run / "config.yaml")
+    OmegaConf.set_struct(cfg, True)
+    try:
+        cfg.merge_with_dotlist(args.overrides)
+    except Exception as error:  # omegaconf's message names the key; one line, no traceback
+        print(f"critic_curve: cannot apply {args.overrides} to {args.run / 'config.yaml'}: "
+              f"{str(error).splitlines()[0]}", file=sys.stderr)
+        return 2
+    if cfg.task.name != "arith":
+        print(f"critic_curve: task {cfg.task.name!r} has no exact oracle here; only arith does", file=sys.stderr)
+        return 2
+    weights = args.run / "weights"
+    version = latest_version(weights / "policy") if args.version is None else args.version
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(weights / "policy" / str(version)))
+    policy = load_policy(weights / "policy" / str(version)).eval()
+    critic = load_critic(weights / "critic" / str(args.critic)).train()
+    task = make_task(**cfg.task)
+    began = time.time()
+    with torch.no_grad():
+        test = pool(policy, tokenizer, task, cfg, args.eval_prompts, args.group, seed=args.seed)
+        train = pool(policy, tokenizer, task, cfg, args.train_prompts, args.group, seed=args.seed + 1)
+    random.Random(args.seed).shuffle(train)
+    print(f"run {args.run}: policy v{version}, critic v{args.critic}, {len(train)} training and {len(test)} "
+          f"evaluation rollouts sampled in {time.time() - began:.0f} s; critic lr {cfg.critic.lr}, batch "
+          f"{cfg.critic.batch_rollouts}, weight average {args.weight_average}")
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
+    average = WeightAverage(critic.parameters(), args.weight_average)
+    batch, at, began = cfg.critic.batch_rollouts, 0, time.time()
+    for step in range(args.steps + 1):
+        if step % args.every == 0:
+            with average.swapped():
+                e = evaluate(critic, test, tokenizer, cfg)
+            per = " / ".join(f"{x:.2f}" for x in e["per_position"])
+            print(f"step {step:5d}  EV {e['critic']:.3f} (oracle {e['oracle']:.3f})  per position {per}  "
+                  f"mse to oracle {e['mse_to_oracle']:.4f}  {time.time() - began:.0f} s", flush=True)
+        if step == args.steps:
+            break
+        if at + batch > len(train):
+            at = 0  # a second pass over the pool
+        critic_step(critic, optimizer, train[at: at + batch], tokenizer, cfg, "cpu")
+        average.update()
+        at += batch
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
