@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from critic_oracle import reference_suffix_probs, values_along  # noqa: E402
+from critic_oracle import rollout_oracle_values  # noqa: E402
 
 from prime_values.algo.ema import WeightAverage  # noqa: E402
 from prime_values.algo.gae import explained_variance  # noqa: E402
@@ -43,19 +43,11 @@ def pool(policy, tokenizer, task, cfg, prompts: int, group: int, seed: int) -> l
     rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=group,
                                 max_new_tokens=cfg.inference.max_new_tokens,
                                 temperature=cfg.inference.temperature, seed=seed)
-    suffixes, rows = {}, []
-    for r in rollouts:
-        k = r.policy_mask.index(1)
-        if r.prompt_index not in suffixes:
-            reference = tokenizer.encode(problems[r.prompt_index].answer, add_special_tokens=False)
-            reference.append(tokenizer.eos_token_id)
-            suffixes[r.prompt_index] = reference, reference_suffix_probs(
-                policy, list(r.token_ids[:k]), reference, cfg.inference.temperature)
-        reference, suffix = suffixes[r.prompt_index]
-        rows.append({"token_ids": list(r.token_ids), "policy_mask": list(r.policy_mask), "reward": r.reward,
-                     "privileged": problems[r.prompt_index].privileged,
-                     "value_targets": [r.reward * m for m in r.policy_mask],
-                     "oracle": values_along(suffix, reference, list(r.token_ids[k:]))})
+    oracle = rollout_oracle_values(policy, tokenizer, problems, rollouts, cfg.inference.temperature)
+    rows = [{"token_ids": list(r.token_ids), "policy_mask": list(r.policy_mask), "reward": r.reward,
+             "privileged": problems[r.prompt_index].privileged,
+             "value_targets": [r.reward * m for m in r.policy_mask], "oracle": values}
+            for r, values in zip(rollouts, oracle)]
     return rows
 
 

@@ -59,6 +59,22 @@ def oracle_values(policy, prompt: list[int], reference: list[int], response: lis
     return values_along(reference_suffix_probs(policy, prompt, reference, temperature), reference, response)
 
 
+def rollout_oracle_values(policy, tokenizer, problems, rollouts, temperature: float) -> list[list[float]]:
+    """V*(s_j) for every response position of every rollout: the teacher-forced pass runs once per prompt."""
+    suffixes: dict[int, tuple[list[int], list[float]]] = {}  # per prompt: reference ids, pi(reference[j:] | ...)
+    out = []
+    for r in rollouts:
+        k = r.policy_mask.index(1)
+        if r.prompt_index not in suffixes:
+            reference = tokenizer.encode(problems[r.prompt_index].answer, add_special_tokens=False)
+            reference.append(tokenizer.eos_token_id)
+            suffixes[r.prompt_index] = reference, reference_suffix_probs(
+                policy, list(r.token_ids[:k]), reference, temperature)
+        reference, suffix = suffixes[r.prompt_index]
+        out.append(values_along(suffix, reference, list(r.token_ids[k:])))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a run directory (config.yaml, weights/)")
@@ -97,19 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         inputs = CriticInputs(rows, tokenizer, cfg.critic.template, cfg.critic.privileged, cfg.critic.max_length)
         critic_v = inputs.values(critic, cfg.critic.loss)
     oracle, learnt, returns, position = [], [], [], []
-    suffixes: dict[int, tuple[list[int], list[float]]] = {}  # per prompt: reference ids, pi(reference[j:] | ...)
-    for b, r in enumerate(rollouts):
+    for b, (r, values) in enumerate(zip(rollouts, rollout_oracle_values(policy, tokenizer, problems, rollouts,
+                                                                        temperature))):
         k = r.policy_mask.index(1)
-        prompt, response = list(r.token_ids[:k]), list(r.token_ids[k:])
-        if r.prompt_index not in suffixes:
-            reference = tokenizer.encode(problems[r.prompt_index].answer, add_special_tokens=False)
-            reference.append(tokenizer.eos_token_id)
-            suffixes[r.prompt_index] = reference, reference_suffix_probs(policy, prompt, reference, temperature)
-        reference, suffix = suffixes[r.prompt_index]
-        oracle += values_along(suffix, reference, response)
+        oracle += values
         learnt += critic_v[b, k:len(r.token_ids)].tolist()
-        returns += [r.reward] * len(response)
-        position += range(len(response))
+        returns += [r.reward] * len(values)
+        position += range(len(values))
     oracle, learnt, returns, position = map(torch.tensor, (oracle, learnt, returns, position))
     everywhere = torch.ones_like(returns, dtype=torch.bool)
     o, c = explained_variance(oracle, returns, everywhere), explained_variance(learnt, returns, everywhere)
