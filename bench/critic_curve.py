@@ -1,16 +1,16 @@
 """How fast can a critic learn one fixed policy's values? A learning curve against the exact oracle, offline.
 
-    python bench/critic_curve.py <run dir> [--version V] [--critic C] [--steps 600] [--every 100]
-        [--train-prompts 4096] [--weight-average 0.95] [key=value ...]
+    python bench/critic_curve.py <run dir> [--version V] [--critic C|fresh] [--steps 600] [--every 100]
+        [--train-prompts 4096] [key=value ...]
 
 The pipeline's critic chases a moving policy with a few hundred steps; this separates how fast the critic learns
 from how fast the policy moves. It samples a pool of fresh rollouts of policy version V (the inference role's
 sampler and scorer, `--group` per prompt), trains critic version C (the critic pretrained in the warm start by
-default) on it with the value trainer's own `critic_step`, each rollout used once in order, and every `--every`
+default; `fresh`: a new one built from policy version 0 with the run's critic.num_layers, which a key=value may change) on it with the value trainer's own `critic_step`, each rollout used once in order, and every `--every`
 steps prints the explained variance against the realised returns on a separate evaluation pool, overall and per
 response position, next to the exact oracle's (bench/critic_oracle.py) and the mean squared distance to it.
-`key=value` overrides the run's config (e.g. critic.lr=0.006 critic.batch_rollouts=32); `--weight-average` is
-critic.weight_average (the curve is then the average's). arith only (exact match with one reference).
+`key=value` overrides the run's config (e.g. critic.lr=0.006 critic.batch_rollouts=32; with
+critic.weight_average=0.95 the curve is the average's). arith only (exact match with one reference).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from critic_oracle import rollout_oracle_values  # noqa: E402
 
 from prime_values.algo.ema import WeightAverage  # noqa: E402
 from prime_values.algo.gae import explained_variance  # noqa: E402
-from prime_values.models import load_critic, load_policy  # noqa: E402
+from prime_values.config import Config  # noqa: E402
+from prime_values.models import build_critic, load_critic, load_policy  # noqa: E402
 from prime_values.roles.critic_io import CriticInputs, critic_step  # noqa: E402
 from prime_values.roles.evaluation import sample_and_score  # noqa: E402
 from prime_values.tasks import make_task  # noqa: E402
@@ -79,17 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a run directory (config.yaml, weights/)")
     parser.add_argument("--version", type=int, default=None, help="policy version (default: LATEST)")
-    parser.add_argument("--critic", type=int, default=0, help="critic version to start from (default 0)")
+    parser.add_argument("--critic", default="0", help="critic version to start from (default 0, the warm start's), "
+                        "or 'fresh': a new critic built as the run's warm start would (critic.init=policy from policy "
+                        "version 0, critic.num_layers), untrained")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--train-prompts", type=int, default=4096)
     parser.add_argument("--eval-prompts", type=int, default=512)
     parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--weight-average", type=float, default=0.0, help="critic.weight_average")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("overrides", nargs="*", help="key=value on the run's config")
     args = parser.parse_intermixed_args(argv)
     cfg = OmegaConf.load(args.run / "config.yaml")
+    try:  # a run from before a key was added gets that key's default, so every current key can be overridden
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+    except Exception:  # noqa: BLE001 - a key removed since: keep the run's config as written
+        pass
     OmegaConf.set_struct(cfg, True)
     try:
         cfg.merge_with_dotlist(args.overrides)
@@ -100,24 +107,30 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.task.name != "arith":
         print(f"critic_curve: task {cfg.task.name!r} has no exact oracle here; only arith does", file=sys.stderr)
         return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
     weights = args.run / "weights"
     version = latest_version(weights / "policy") if args.version is None else args.version
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(weights / "policy" / str(version)))
     policy = load_policy(weights / "policy" / str(version)).eval()
-    critic = load_critic(weights / "critic" / str(args.critic)).train()
+    if args.critic == "fresh":
+        critic = build_critic(weights / "policy" / "0", tokenizer, seed=1, depth=cfg.critic.num_layers).train()
+    else:
+        critic = load_critic(weights / "critic" / str(int(args.critic))).train()
     task = make_task(**cfg.task)
     began = time.time()
     with torch.no_grad():
         test = pool(policy, tokenizer, task, cfg, args.eval_prompts, args.group, seed=args.seed)
         train = pool(policy, tokenizer, task, cfg, args.train_prompts, args.group, seed=args.seed + 1)
     random.Random(args.seed).shuffle(train)
-    print(f"run {args.run}: policy v{version}, critic v{args.critic}, {len(train)} training and {len(test)} "
+    start = f"fresh ({len(critic.model.layers)} blocks)" if args.critic == "fresh" else f"v{args.critic}"
+    print(f"run {args.run}: policy v{version}, critic {start}, {len(train)} training and {len(test)} "
           f"evaluation rollouts sampled in {time.time() - began:.0f} s; critic lr {cfg.critic.lr}, batch "
-          f"{cfg.critic.batch_rollouts}, weight average {args.weight_average}")
+          f"{cfg.critic.batch_rollouts}, weight average {cfg.critic.weight_average}")
     optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
-    average = WeightAverage(critic.parameters(), args.weight_average)
+    average = WeightAverage(critic.parameters(), cfg.critic.weight_average)
     batch, at, began = cfg.critic.batch_rollouts, 0, time.time()
     for step in range(args.steps + 1):
         if step % args.every == 0:

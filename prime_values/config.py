@@ -152,6 +152,10 @@ class CriticConfig:
     """fold the task's privileged context (e.g. the reference answer) into the critic's input"""
     template: str = "answer:{privileged}|"
     """text placed before the whole trace when privileged; {privileged} is replaced by the context"""
+    num_layers: int = 0
+    """transformer blocks of the critic: 0 = as many as its initialisation (the policy's backbone, policy.arch
+    or the saved critic); N = keep the first N, a shallower critic that takes more, cheaper steps (the
+    embedded arith experiment uses 2 of the policy's 4: docs/value_functions.md)"""
     lr: float = 3e-3
     """critic learning rate (AdamW)"""
     max_grad_norm: float = 1.0
@@ -655,7 +659,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                     "critic.max_grad_norm", "policy.clip_low", "policy.clip_high", "policy.prob_diff_low",
                     "policy.prob_diff_high", "policy.kl_coef", "advantage.adaptive_alpha", "launcher.stop_grace_s",
                     "launcher.max_restarts", "launcher.restart_backoff_s", "log.optimizer_state_every",
-                    "critic.throttle_factor"]
+                    "critic.throttle_factor", "critic.num_layers"]
     for key in non_negative:
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0")
@@ -704,6 +708,11 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
             (path_like(init) or "/" not in init):
         raise ConfigError(f"critic.init={init!r} is neither 'policy', 'scratch' nor an existing directory; use "
                           "'policy', 'scratch' or the path of a saved critic")
+    layers = cfg.critic.num_layers
+    if layers and init in ("policy", "scratch") and model == "tiny" and layers > cfg.policy.arch.num_layers:
+        raise ConfigError(f"critic.num_layers={layers} is more than the {cfg.policy.arch.num_layers} transformer "
+                          f"blocks the critic starts from (policy.arch.num_layers); choose 1.."
+                          f"{cfg.policy.arch.num_layers}, or 0 for all")
     if cfg.critic.privileged:
         try:
             ok = "{privileged}" in cfg.critic.template and cfg.critic.template.format(privileged="") is not None

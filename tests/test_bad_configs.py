@@ -65,6 +65,8 @@ CORPUS = [
     (["critic.warmup.min_explained_variance=2"], "critic.warmup.min_explained_variance", "use a value <= 1"),
     (["critic.value_clip=0.2", "critic.loss=bce"], "critic.value_clip", "set critic.value_clip=0"),
     (["critic.weight_average=1"], "critic.weight_average=1.0", "must be in [0, 1)"),
+    (["critic.num_layers=5"], "critic.num_layers=5", "choose 1..4"),
+    (["critic.num_layers=-1"], "critic.num_layers=-1", "must be >= 0"),
     # sizes that contradict each other
     (["replay.capacity=32", "replay.min_rollouts=16"], "replay.capacity",
      "raise replay.capacity or lower critic.batch_rollouts"),

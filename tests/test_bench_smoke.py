@@ -90,7 +90,7 @@ def test_critic_curve_runs_on_a_run_directory(tmp_path):
     from prime_values.models import build_char_tokenizer, build_critic, build_tiny_policy, save_model
     from prime_values.weights import publish
 
-    arch = dict(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128)
+    arch = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128)
     tokenizer, policy_root = build_char_tokenizer(), tmp_path / "weights" / "policy"
     publish(policy_root, 0, lambda path: save_model(build_tiny_policy(tokenizer, seed=0, **arch), tokenizer, path))
     critic = build_critic(policy_root / "0", tokenizer, seed=1)
@@ -99,11 +99,13 @@ def test_critic_curve_runs_on_a_run_directory(tmp_path):
     cfg.task.name = "arith"
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     command = [sys.executable, "bench/critic_curve.py", str(tmp_path), "--train-prompts", "8", "--eval-prompts", "8",
-               "--steps", "2", "--every", "1", "--weight-average", "0.5", "critic.batch_rollouts=16"]
+               "--steps", "2", "--every", "1", "critic.weight_average=0.5", "critic.batch_rollouts=16",
+               "--critic", "fresh", "critic.num_layers=1"]
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     steps = re.findall(r"step +(\d+) +EV (-?\d+\.\d+|nan) \(oracle (-?\d+\.\d+|nan)\)", out.stdout)
     assert [int(s[0]) for s in steps] == [0, 1, 2], out.stdout
     assert "64 training and 64 evaluation rollouts" in out.stdout and "batch 16" in out.stdout, out.stdout
+    assert "critic fresh (1 blocks)" in out.stdout, out.stdout  # from policy v0, critic.num_layers=1 of its 2
     bad = subprocess.run(command[:-1] + ["critic.lrr=1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "critic.lrr" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -9,6 +9,7 @@ from prime_values.models import (
     build_tiny_policy,
     critic_values,
     greedy,
+    keep_layers,
     load_critic,
     load_policy,
     sample,
@@ -97,6 +98,31 @@ def test_critic_from_policy_shares_backbone(tok, policy_dir, tmp_path):
         assert torch.allclose(critic_values(load_critic(tmp_path), x, mask), v, atol=1e-6)
     fresh = build_critic(None, tok, seed=3, **SMALL)
     assert not torch.equal(fresh.model.embed_tokens.weight, critic.model.embed_tokens.weight)
+
+
+def test_shallow_critic_keeps_the_first_blocks_and_round_trips(tok, policy_dir, tmp_path):
+    """critic.num_layers: the first N blocks of the policy's backbone, the same embeddings; from_pretrained
+    loads the saved shallower critic with the same values; asking for more blocks than exist is one error."""
+    policy = load_policy(policy_dir)
+    critic = build_critic(policy_dir, tok, seed=3, depth=1)
+    assert len(critic.model.layers) == critic.config.num_hidden_layers == 1
+    assert torch.equal(critic.model.layers[0].mlp.up_proj.weight, policy.model.layers[0].mlp.up_proj.weight)
+    assert torch.equal(critic.model.embed_tokens.weight, policy.model.embed_tokens.weight)
+    full = build_critic(policy_dir, tok, seed=3)
+    x, mask = torch.randint(4, len(tok), (2, 9)), torch.ones(2, 9, dtype=torch.long)
+    critic.eval()
+    with torch.no_grad():
+        v = critic_values(critic, x, mask)
+        assert not torch.allclose(v, critic_values(full.eval(), x, mask))  # one block fewer: other values
+        save_model(critic, tok, tmp_path)
+        loaded = load_critic(tmp_path)
+        assert len(loaded.model.layers) == 1
+        assert torch.allclose(critic_values(loaded, x, mask), v, atol=1e-6)
+    assert keep_layers(full, 0) is full and len(full.model.layers) == 2  # 0 = all
+    with pytest.raises(ValueError, match="critic.num_layers=3.*2 transformer blocks"):
+        keep_layers(full, 3)
+    scratch = build_critic(None, tok, seed=3, depth=1, **SMALL)
+    assert len(scratch.model.layers) == 1
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -6,6 +6,7 @@ from .build import (
     build_critic,
     build_tiny_policy,
     critic_values,
+    keep_layers,
     load_critic,
     load_optimizer_state,
     load_policy,
@@ -20,7 +21,7 @@ from .tokenizer import build_char_tokenizer
 
 __all__ = [
     "ARCH_PRESETS", "DEFAULT_ARCH", "Completion", "build_char_tokenizer", "build_critic", "build_tiny_policy",
-    "critic_values", "greedy", "load_critic", "load_optimizer_state", "load_policy", "num_parameters",
+    "critic_values", "greedy", "keep_layers", "load_critic", "load_optimizer_state", "load_policy", "num_parameters",
     "read_optimizer_state", "sample", "save_model", "save_optimizer_state",
     "teacher_forced_logprobs", "tiny_config",
 ]

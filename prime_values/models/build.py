@@ -229,23 +229,41 @@ def _critic_config(cfg) -> Qwen3Config:
     return cfg
 
 
-def build_critic(init_from: str | os.PathLike | None, tokenizer, seed: int = 0, **arch) -> PreTrainedModel:
+def build_critic(init_from: str | os.PathLike | None, tokenizer, seed: int = 0, depth: int = 0,
+                 **arch) -> PreTrainedModel:
     """A per-token value model (``AutoModelForTokenClassification``, one output per position).
 
     ``init_from=None``: a fresh backbone with the given ``arch``. ``init_from=<policy dir>``: the
     backbone (embeddings, layers, final norm) is copied from the saved policy and ``arch`` is
-    ignored; the value head (``score``) is always fresh, seeded by ``seed``.
+    ignored; the value head (``score``) is always fresh, seeded by ``seed``. ``depth > 0`` keeps only
+    the first ``depth`` transformer blocks (critic.num_layers; 0 = all).
     """
     if init_from is None:
         cfg = _critic_config(tiny_config(tokenizer, **arch))
-        return _seeded_from_config(AutoModelForTokenClassification, cfg, seed)
+        return keep_layers(_seeded_from_config(AutoModelForTokenClassification, cfg, seed), depth)
     cfg = _critic_config(AutoConfig.from_pretrained(str(init_from)))
     cfg._attn_implementation = _attention.implementation
     critic = _seeded_from_config(AutoModelForTokenClassification, cfg, seed)
     policy = load_policy(init_from)
     missing, unexpected = critic.model.load_state_dict(policy.model.state_dict(), strict=True)
     assert not missing and not unexpected
-    return critic
+    return keep_layers(critic, depth)
+
+
+def keep_layers(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
+    """Keep the first `num_layers` transformer blocks of a Qwen/Llama-style model (0 = keep all); the config
+    follows, so `save_pretrained` / `from_pretrained` round-trip the shallower model."""
+    layers = model.model.layers
+    if num_layers == 0 or num_layers == len(layers):
+        return model
+    if not 0 < num_layers < len(layers):
+        raise ValueError(f"critic.num_layers={num_layers}: the critic's initialisation has {len(layers)} "
+                         f"transformer blocks; choose 1..{len(layers)} (or 0 for all)")
+    model.model.layers = layers[:num_layers]
+    model.config.num_hidden_layers = num_layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:num_layers]
+    return model
 
 
 def load_critic(path: str | os.PathLike) -> PreTrainedModel:

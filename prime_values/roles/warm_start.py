@@ -110,8 +110,8 @@ def pretrain_critic(ctx: RoleContext, critic, tokenizer, rows: list[dict]) -> No
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import build_char_tokenizer, build_critic, build_tiny_policy, load_critic, \
-        load_policy, save_model
+    from prime_values.models import build_char_tokenizer, build_critic, build_tiny_policy, keep_layers, \
+        load_critic, load_policy, save_model
     from prime_values.tasks import make_task
 
     ctx = RoleContext(run_dir, "warm_start", "policy_trainer_device")  # the policy trainer's device is free now
@@ -138,11 +138,11 @@ def main(run_dir: str) -> None:
     policy_dir = version_dir(policy_root, 0)
     model, tokenizer = load_policy(policy_dir).to(ctx.device).eval(), AutoTokenizer.from_pretrained(policy_dir)
     if cfg.critic.init == "policy":
-        critic = build_critic(policy_dir, tokenizer, seed=ctx.seed(1), **arch)
+        critic = build_critic(policy_dir, tokenizer, seed=ctx.seed(1), depth=cfg.critic.num_layers, **arch)
     elif cfg.critic.init == "scratch":
-        critic = build_critic(None, tokenizer, seed=ctx.seed(1), **arch)
+        critic = build_critic(None, tokenizer, seed=ctx.seed(1), depth=cfg.critic.num_layers, **arch)
     else:
-        critic = load_critic(cfg.critic.init)
+        critic = keep_layers(load_critic(cfg.critic.init), cfg.critic.num_layers)
     critic = critic.to(ctx.device)
     if cfg.critic.warm_start.steps > 0 and cfg.advantage.estimator != "grpo":
         began = time.time()
