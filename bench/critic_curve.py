@@ -6,7 +6,8 @@
 The pipeline's critic chases a moving policy with a few hundred steps; this separates how fast the critic learns
 from how fast the policy moves. It samples a pool of fresh rollouts of policy version V (the inference role's
 sampler and scorer, `--group` per prompt), trains critic version C (the critic pretrained in the warm start by
-default; `fresh`: a new one built from policy version 0 with the run's critic.num_layers, which a key=value may change) on it with the value trainer's own `critic_step`, each rollout used once in order, and every `--every`
+default; `fresh`: a new one built from policy version 0 with the run's critic.num_layers, which a key=value may
+change) on it with the value trainer's own `critic_step`, each rollout used once in order, and every `--every`
 steps prints the explained variance against the realised returns on a separate evaluation pool, overall and per
 response position, next to the exact oracle's (bench/critic_oracle.py) and the mean squared distance to it.
 `key=value` overrides the run's config (e.g. critic.lr=0.006 critic.batch_rollouts=32; with
