@@ -6,8 +6,8 @@
 The pipeline's critic chases a moving policy with a few hundred steps; this separates how fast the critic learns
 from how fast the policy moves. It samples a pool of fresh rollouts of policy version V (the inference role's
 sampler and scorer, `--group` per prompt), trains critic version C (the critic pretrained in the warm start by
-default; `fresh`: a new one built from policy version 0 with the run's critic.num_layers, which a key=value may
-change) on it with the value trainer's own `critic_step`, each rollout used once in order, and every `--every`
+default; `fresh`: a new one built as the run's warm start builds it, from policy version 0, critic.init and
+critic.num_layers, which a key=value may change) on it with the value trainer's own `critic_step`, each rollout used once in order, and every `--every`
 steps prints the explained variance against the realised returns on a separate evaluation pool, overall and per
 response position, next to the exact oracle's (bench/critic_oracle.py) and the mean squared distance to it.
 `key=value` overrides the run's config (e.g. critic.lr=0.006 critic.batch_rollouts=32; with
@@ -32,9 +32,10 @@ from critic_oracle import rollout_oracle_values  # noqa: E402
 from prime_values.algo.ema import WeightAverage  # noqa: E402
 from prime_values.algo.gae import explained_variance  # noqa: E402
 from prime_values.config import Config  # noqa: E402
-from prime_values.models import build_critic, load_critic, load_policy  # noqa: E402
+from prime_values.models import load_critic, load_policy  # noqa: E402
 from prime_values.roles.critic_io import CriticInputs, critic_step  # noqa: E402
 from prime_values.roles.evaluation import sample_and_score  # noqa: E402
+from prime_values.roles.warm_start import initial_critic  # noqa: E402
 from prime_values.tasks import make_task  # noqa: E402
 from prime_values.weights import latest_version  # noqa: E402
 
@@ -82,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path, help="a run directory (config.yaml, weights/)")
     parser.add_argument("--version", type=int, default=None, help="policy version (default: LATEST)")
     parser.add_argument("--critic", default="0", help="critic version to start from (default 0, the warm start's), "
-                        "or 'fresh': a new critic built as the run's warm start would (critic.init=policy from policy "
-                        "version 0, critic.num_layers), untrained")
+                        "or 'fresh': a new, untrained critic built as the run's warm start builds it (critic.init, "
+                        "critic.num_layers; from policy version 0)")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--every", type=int, default=100)
     parser.add_argument("--train-prompts", type=int, default=4096)
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(weights / "policy" / str(version)))
     policy = load_policy(weights / "policy" / str(version)).eval()
     if args.critic == "fresh":
-        critic = build_critic(weights / "policy" / "0", tokenizer, seed=1, depth=cfg.critic.num_layers).train()
+        critic = initial_critic(cfg, weights / "policy" / "0", tokenizer, seed=1).train()
     else:
         critic = load_critic(weights / "critic" / str(int(args.critic))).train()
     task = make_task(**cfg.task)

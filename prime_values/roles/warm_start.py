@@ -107,11 +107,22 @@ def pretrain_critic(ctx: RoleContext, critic, tokenizer, rows: list[dict]) -> No
     critic.eval()
 
 
+def initial_critic(cfg, policy_dir, tokenizer, seed: int):
+    """The untrained critic of a run (critic.init, critic.num_layers): the policy's backbone at `policy_dir`, a
+    fresh one from policy.arch, or a saved critic; the value head is fresh where the critic is new."""
+    from prime_values.models import build_critic, keep_layers, load_critic
+
+    if cfg.critic.init == "policy":
+        return build_critic(policy_dir, tokenizer, seed=seed, depth=cfg.critic.num_layers)
+    if cfg.critic.init == "scratch":
+        return build_critic(None, tokenizer, seed=seed, depth=cfg.critic.num_layers, **dict(cfg.policy.arch))
+    return keep_layers(load_critic(cfg.critic.init), cfg.critic.num_layers)
+
+
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    from prime_values.models import build_char_tokenizer, build_critic, build_tiny_policy, keep_layers, \
-        load_critic, load_policy, save_model
+    from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, save_model
     from prime_values.tasks import make_task
 
     ctx = RoleContext(run_dir, "warm_start", "policy_trainer_device")  # the policy trainer's device is free now
@@ -137,13 +148,7 @@ def main(run_dir: str) -> None:
         publish(policy_root, 0, lambda path: save_model(model, tokenizer, path))
     policy_dir = version_dir(policy_root, 0)
     model, tokenizer = load_policy(policy_dir).to(ctx.device).eval(), AutoTokenizer.from_pretrained(policy_dir)
-    if cfg.critic.init == "policy":
-        critic = build_critic(policy_dir, tokenizer, seed=ctx.seed(1), depth=cfg.critic.num_layers, **arch)
-    elif cfg.critic.init == "scratch":
-        critic = build_critic(None, tokenizer, seed=ctx.seed(1), depth=cfg.critic.num_layers, **arch)
-    else:
-        critic = keep_layers(load_critic(cfg.critic.init), cfg.critic.num_layers)
-    critic = critic.to(ctx.device)
+    critic = initial_critic(cfg, policy_dir, tokenizer, seed=ctx.seed(1)).to(ctx.device)
     if cfg.critic.warm_start.steps > 0 and cfg.advantage.estimator != "grpo":
         began = time.time()
         from_run = cfg.critic.warm_start.from_run
