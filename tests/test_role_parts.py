@@ -335,3 +335,31 @@ def test_ready_groups_take_one_chunk_of_every_worker():
     ready.add(group("w0", 3, 0))  # a straggler too old for step 4 (version 0: (4 - 1) - 0 > 1)
     assert ready.drop_stale(step=4, max_off_policy=1) == 4 and len(ready) == 2
     assert ready.take() is None
+
+
+def test_initial_critic_follows_critic_init_and_num_layers(tmp_path):
+    """The warm start's untrained critic: the policy's backbone (first num_layers blocks), a fresh model from
+    policy.arch, or a saved critic cut to num_layers."""
+    from prime_values.models import build_char_tokenizer, build_tiny_policy, save_model
+    from prime_values.roles.warm_start import initial_critic
+
+    cfg = OmegaConf.structured(Config)
+    cfg.policy.arch.hidden_size, cfg.policy.arch.num_layers, cfg.policy.arch.intermediate_size = 64, 3, 128
+    cfg.policy.arch.num_heads, cfg.policy.arch.num_kv_heads = 2, 1
+    tok = build_char_tokenizer()
+    policy = build_tiny_policy(tok, seed=0, **cfg.policy.arch)
+    save_model(policy, tok, tmp_path / "policy")
+    cfg.critic.num_layers = 2
+    from_policy = initial_critic(cfg, tmp_path / "policy", tok, seed=1)
+    assert len(from_policy.model.layers) == 2
+    kept, original = from_policy.model.layers[1].self_attn.q_proj, policy.model.layers[1].self_attn.q_proj
+    assert torch.equal(kept.weight, original.weight)
+    cfg.critic.init = "scratch"
+    scratch = initial_critic(cfg, tmp_path / "policy", tok, seed=1)
+    assert len(scratch.model.layers) == 2 and scratch.config.hidden_size == 64
+    assert not torch.equal(scratch.model.embed_tokens.weight, policy.model.embed_tokens.weight)
+    save_model(from_policy, tok, tmp_path / "critic")
+    cfg.critic.init, cfg.critic.num_layers = str(tmp_path / "critic"), 1
+    saved = initial_critic(cfg, tmp_path / "policy", tok, seed=1)
+    assert len(saved.model.layers) == 1
+    assert torch.equal(saved.score.weight, from_policy.score.weight)  # the saved head, not a fresh one
