@@ -85,8 +85,7 @@ def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str 
             began = time.perf_counter()
             for begin in range(0, len(rows), cfg.critic.score_batch_rollouts):
                 chunk = rows[begin: begin + cfg.critic.score_batch_rollouts]
-                CriticInputs(chunk, tokenizer, cfg.critic.template, cfg.critic.privileged, cfg.critic.max_length,
-                             device).values(critic, cfg.critic.loss)
+                CriticInputs.of(chunk, tokenizer, cfg.critic, device).values(critic, cfg.critic.loss)
             _sync(device)
             score_s.append(time.perf_counter() - began)
     return {"gen_tokens_per_s": [n / s for n, s in zip(gen_tokens, gen_s)],

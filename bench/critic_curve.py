@@ -62,7 +62,7 @@ def evaluate(critic, rows: list[dict], tokenizer, cfg) -> dict:
     learnt = []
     for begin in range(0, len(rows), 512):
         chunk = rows[begin: begin + 512]
-        inputs = CriticInputs(chunk, tokenizer, cfg.critic.template, cfg.critic.privileged, cfg.critic.max_length)
+        inputs = CriticInputs.of(chunk, tokenizer, cfg.critic)
         values = inputs.values(critic, cfg.critic.loss).float()
         learnt += [values[b, r["policy_mask"].index(1): len(r["token_ids"])] for b, r in enumerate(chunk)]
     critic.train(was_training)

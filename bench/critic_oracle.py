@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [{"token_ids": r.token_ids, "policy_mask": r.policy_mask,
              "privileged": problems[r.prompt_index].privileged} for r in rollouts]
     with torch.no_grad():
-        inputs = CriticInputs(rows, tokenizer, cfg.critic.template, cfg.critic.privileged, cfg.critic.max_length)
+        inputs = CriticInputs.of(rows, tokenizer, cfg.critic)
         critic_v = inputs.values(critic, cfg.critic.loss)
     oracle, learnt, returns, position = [], [], [], []
     for b, (r, values) in enumerate(zip(rollouts, rollout_oracle_values(policy, tokenizer, problems, rollouts,

@@ -151,7 +151,11 @@ class CriticConfig:
     privileged: bool = True
     """fold the task's privileged context (e.g. the reference answer) into the critic's input"""
     template: str = "answer:{privileged}|"
-    """text placed before the whole trace when privileged; {privileged} is replaced by the context"""
+    """text placed before the whole trace when privileged; {privileged} is replaced by the context (a format
+    spec pads it: '{privileged:<4}|' left-aligns it in 4 characters)"""
+    placement: str = "start"
+    """where the privileged block goes: 'start' (before the whole trace) or 'response' (after the prompt, right
+    before the policy's first token: at a fixed distance from the response whatever the prompt's length)"""
     num_layers: int = 0
     """transformer blocks of the critic: 0 = as many as its initialisation (the policy's backbone, policy.arch
     or the saved critic); N = keep the first N, a shallower critic that takes more, cheaper steps (the
@@ -273,7 +277,10 @@ class TaskConfig:
     """task: 'arith' (procedural arithmetic, verified exactly), 'reverse_text' (reverse a generated string, partial
     credit), 'math' (GSM8K/MATH-style data, math-verify) or 'verifiers' (an environment of the `verifiers` package)"""
     digits: int = 2
-    """digits per operand"""
+    """digits per operand (each operand uniform in [0, 10**digits))"""
+    min_digits: int = 0
+    """arith: 0 = off; else each operand draws its digit count uniformly from min_digits..digits first, so every
+    difficulty comes in equal shares (1..digits: one-digit problems as common as the longest ones)"""
     operands: int = 2
     """numbers per problem"""
     ops: str = "+"
@@ -551,6 +558,7 @@ ALLOWED = {
     "launcher.name": ("local", "slurm"),
     "replay.sampling": ("uniform", "fifo", "recent"),
     "critic.loss": ("mse", "huber", "bce"),
+    "critic.placement": ("start", "response"),
     "task.name": ("arith", "reverse_text", "math", "verifiers"),
 }
 
@@ -715,7 +723,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                           f"{cfg.policy.arch.num_layers}, or 0 for all")
     if cfg.critic.privileged:
         try:
-            ok = "{privileged}" in cfg.critic.template and cfg.critic.template.format(privileged="") is not None
+            ok = "{privileged" in cfg.critic.template and cfg.critic.template.format(privileged="") is not None
         except (KeyError, IndexError, ValueError):
             ok = False
         if not ok:
@@ -803,6 +811,9 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     if cfg.task.name == "arith" and cfg.task.show_work and "*" in cfg.task.ops:
         raise ConfigError(f"task.show_work=true needs task.ops from '+-' (got {cfg.task.ops!r}): running results "
                           "are left to right")
+    if cfg.task.name == "arith" and not 0 <= cfg.task.min_digits <= cfg.task.digits:
+        raise ConfigError(f"task.min_digits={cfg.task.min_digits} must be in 0..task.digits ({cfg.task.digits}); "
+                          "0 draws operands uniformly from [0, 10**digits)")
     for bad in set(cfg.task.ops) - set("+-*"):
         raise ConfigError(f"task.ops={cfg.task.ops!r} contains {bad!r}; use characters from '+-*'")
     for role, trainer in (("policy", "policy_trainer"), ("critic", "value_trainer")):

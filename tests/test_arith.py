@@ -75,8 +75,21 @@ def test_sample_deterministic_given_rng():
     assert d["max_answer_chars"] >= max(len(p.answer) for p in task.sample(random.Random(0), 2000))
 
 
+def test_min_digits_gives_each_operand_length_an_equal_share():
+    task = ArithTask(digits=3, min_digits=1)
+    lengths = [len(s) for p in task.sample(random.Random(0), 3000) for s in p.prompt[:-1].split("+")]
+    shares = [lengths.count(d) / len(lengths) for d in (1, 2, 3)]
+    assert all(abs(s - 1 / 3) < 0.03 for s in shares), shares  # uniform values would give 0.01 / 0.09 / 0.90
+    assert task.space_size == 1000 ** 2 and ArithTask(digits=3, min_digits=2).space_size == 990 ** 2
+    two_three = ArithTask(digits=3, min_digits=2).sample(random.Random(1), 500)
+    assert all(len(s) in (2, 3) for p in two_three for s in p.prompt[:-1].split("+"))
+    assert ArithTask(digits=3, min_digits=1).heldout()[0].prompt_id.split(":")[0] != ArithTask(digits=3).heldout()[
+        0].prompt_id.split(":")[0]  # a different problem distribution is a different problem space
+
+
 def test_bad_knobs():
-    for kw in [dict(ops="/"), dict(ops=""), dict(operands=1), dict(digits=0)]:
+    for kw in [dict(ops="/"), dict(ops=""), dict(operands=1), dict(digits=0), dict(digits=2, min_digits=3),
+               dict(min_digits=-1)]:
         with pytest.raises(ValueError):
             ArithTask(**kw)
 

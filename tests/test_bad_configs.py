@@ -83,6 +83,7 @@ CORPUS = [
     (["advantage.estimator=ppo"], "advantage.estimator", "choose one of gae, grpo, tether"),
     (["critic.loss=l1"], "critic.loss", "choose one of mse, huber, bce"),
     (["task.ops=+/"], "task.ops", "use characters from '+-*'"),
+    (["task.min_digits=3"], "task.min_digits=3", "must be in 0..task.digits (2)"),
     (["launcher.name=k8s"], "launcher.name", "choose one of"),
     (["inference.backend=tgi"], "inference.backend", "choose one of"),
     # unknown group options

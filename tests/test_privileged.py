@@ -34,6 +34,25 @@ def test_critic_layout_single_and_multi_turn():
     assert sum(mask) == sum(MULTI_MASK)  # response ids appended verbatim: same policy tokens
 
 
+def test_critic_layout_with_the_block_before_the_response():
+    # at="response": the block goes after the prompt, before the first policy token; later turns are untouched
+    ids, mask = critic_layout(SINGLE_IDS, SINGLE_MASK, PREFIX, at="response")
+    assert (ids, mask) == ([11, 12, 13, 901, 902, 21, 22, 23], [0, 0, 0, 0, 0, 1, 1, 1])
+    ids, mask = critic_layout(MULTI_IDS, MULTI_MASK, PREFIX, at="response")
+    assert ids == [11, 12, 901, 902, 21, 22, 31, 32, 33, 24, 25]
+    assert mask == [0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
+    # the same read-back (prefix_len + j - 1) now gives the value of prompt + block + response so far
+    for token_ids, policy_mask in ((SINGLE_IDS, SINGLE_MASK), (MULTI_IDS, MULTI_MASK)):
+        critic_ids, _ = critic_layout(token_ids, policy_mask, PREFIX, at="response")
+        values = values_to_policy_layout(fake_critic(critic_ids), len(PREFIX), torch.tensor(policy_mask))
+        first = policy_mask.index(1)
+        for j, m in enumerate(policy_mask):
+            want = fake_critic(token_ids[:first] + PREFIX + token_ids[first:j])[-1].item() if m else 0.0
+            assert values[j].item() == want
+    with pytest.raises(AssertionError, match="'start' or 'response'"):
+        critic_layout(SINGLE_IDS, SINGLE_MASK, PREFIX, at="end")
+
+
 def test_values_map_back_by_hand():
     # Multi-turn, prefix 2: policy tokens j = 2, 3, 7, 8 read critic positions 2 + j − 1 = 3, 4, 8, 9.
     critic_values = torch.arange(11, dtype=torch.float64) * 10  # value at position i is 10·i

@@ -128,6 +128,12 @@ def test_critic_inputs_put_the_answer_first_and_map_values_back(monkeypatch):
     cut = CriticInputs(rows, tokenizer, "answer:{privileged}|", True, max_length=prefix + 5)
     assert cut.values(PositionCritic())[0].tolist() == [0, 0, 0, 0, prefix + 3, 0]
     assert (cut.cut, cut.valued_tokens, cut.bootstrap.tolist()) == ([True], [5], [prefix + 4])
+    # placement 'response', answer padded to 3 characters: the block sits between the prompt and the response,
+    # and the values are read at the same positions (prompt + block + response so far)
+    ccfg = type("C", (), dict(template="{privileged:<3}|", privileged=True, max_length=64, placement="response"))
+    after = CriticInputs.of(rows, tokenizer, ccfg)
+    assert tokenizer.decode(after.input_ids[0], skip_special_tokens=True) == "1+2=42 |3"
+    assert after.values(PositionCritic())[0].tolist() == [0, 0, 0, 0, 4 + 3, 4 + 4]
 
 
 def test_metrics_tail_never_returns_a_half_written_line(tmp_path):

@@ -24,14 +24,22 @@ from torch import Tensor
 
 
 def critic_layout(
-    token_ids: list[int], policy_mask: list[int], prefix_ids: list[int]
+    token_ids: list[int], policy_mask: list[int], prefix_ids: list[int], at: str = "start"
 ) -> tuple[list[int], list[int]]:
-    """critic_ids = prefix_ids + token_ids; critic_mask = [0]·len(prefix_ids) + policy_mask.  [T] -> [P + T]."""
+    """critic_ids = prefix_ids + token_ids; critic_mask = [0]·len(prefix_ids) + policy_mask.  [T] -> [P + T].
+
+    ``at="response"`` inserts the block right before the first policy token instead (after the prompt):
+    critic_ids = token_ids[:f] + prefix_ids + token_ids[f:], f = first j with policy_mask[j]. Every policy
+    token, and every state before one, still sits ``len(prefix_ids)`` positions later than in the policy's
+    layout (the states before f are the prompt's, never valued), so the read-back below is the same; but the
+    block now sits at a fixed distance before the response, whatever the prompt's length."""
     assert len(token_ids) == len(policy_mask), (
         f"token_ids ({len(token_ids)}) and policy_mask ({len(policy_mask)}) must have the same length"
     )
-    critic_ids = list(prefix_ids) + list(token_ids)
-    critic_mask = [0] * len(prefix_ids) + [int(bool(m)) for m in policy_mask]
+    assert at in ("start", "response"), f"at must be 'start' or 'response', got {at!r}"
+    first = next((j for j, m in enumerate(policy_mask) if m), len(policy_mask)) if at == "response" else 0
+    critic_ids = list(token_ids[:first]) + list(prefix_ids) + list(token_ids[first:])
+    critic_mask = [0] * (first + len(prefix_ids)) + [int(bool(m)) for m in policy_mask[first:]]
     assert sum(critic_mask) == sum(bool(m) for m in policy_mask), (
         "the critic layout must hold exactly the policy's tokens"
     )

@@ -18,13 +18,13 @@ class CriticInputs:
     """A right-padded critic batch built from rollout rows (dicts with token_ids, policy_mask, privileged)."""
 
     def __init__(self, rows: list[dict], tokenizer, template: str, privileged: bool, max_length: int,
-                 device: str = "cpu"):
+                 device: str = "cpu", placement: str = "start"):
         pad_id = tokenizer.pad_token_id
         sequences, prefix_lens, self.cut, self.valued_tokens = [], [], [], []
         for row in rows:
             prefix = tokenizer.encode(template.format(privileged=row["privileged"]), add_special_tokens=False) \
                 if privileged else []
-            ids, _ = critic_layout(list(row["token_ids"]), list(row["policy_mask"]), prefix)
+            ids, _ = critic_layout(list(row["token_ids"]), list(row["policy_mask"]), prefix, placement)
             ids, cut = truncate_for_critic(ids, max_length)
             sequences.append(ids)
             prefix_lens.append(len(prefix))
@@ -45,6 +45,11 @@ class CriticInputs:
         self.prefix_lens = torch.tensor(prefix_lens)
         self.input_ids, self.attention_mask = self.input_ids.to(device), self.attention_mask.to(device)
         self.policy_mask, self.prefix_lens = self.policy_mask.to(device), self.prefix_lens.to(device)
+
+    @classmethod
+    def of(cls, rows: list[dict], tokenizer, ccfg, device: str = "cpu") -> "CriticInputs":
+        """The batch as the `critic` config lays it out (template, privileged, max_length, placement)."""
+        return cls(rows, tokenizer, ccfg.template, ccfg.privileged, ccfg.max_length, device, ccfg.placement)
 
     def values(self, critic, head: str = "mse") -> torch.Tensor:
         """[B, T] values in the policy's layout (0 where the policy did not sample the token). `head` is
@@ -84,7 +89,7 @@ def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg, device: str
     rollout; they are recomputed here with the current critic (one extra no-grad forward), so old replay data
     does not pull the critic back toward its past self. With lambda_value = 1 they are Monte-Carlo returns."""
     ccfg, adv = cfg.critic, cfg.advantage
-    inputs = CriticInputs(rows, tokenizer, ccfg.template, ccfg.privileged, ccfg.max_length, device)
+    inputs = CriticInputs.of(rows, tokenizer, ccfg, device)
     raw = inputs.values(critic, head=None)
     values = values_from_head(raw, ccfg.loss).where(inputs.policy_mask, torch.zeros_like(raw))
     if adv.lambda_value < 1:

@@ -71,8 +71,7 @@ class Scorer:
         with self.timers.time("compute"), weights():
             for begin in range(0, len(rows), self.cfg.critic.score_batch_rollouts):
                 chunk = rows[begin: begin + self.cfg.critic.score_batch_rollouts]
-                inputs = CriticInputs(chunk, self.tokenizer, self.cfg.critic.template, self.cfg.critic.privileged,
-                                      self.cfg.critic.max_length, self.ctx.device)
+                inputs = CriticInputs.of(chunk, self.tokenizer, self.cfg.critic, self.ctx.device)
                 values = inputs.values(critic, self.cfg.critic.loss).float().cpu()
                 now = time.time()
                 for b, row in enumerate(chunk):

@@ -2,6 +2,9 @@
 
 Difficulty knobs:
 - ``digits``: every operand is drawn uniformly from ``[0, 10**digits)`` (so fewer digits occur too);
+- ``min_digits`` (0 = off): each operand first draws its digit count uniformly from ``min_digits..digits``, then a
+  number of exactly that many digits (``0..9`` for one digit), so problems of several difficulties come in equal
+  shares (``min_digits=1, digits=3``: one third each of 1-, 2- and 3-digit operands);
 - ``operands``: how many numbers per expression (>= 2);
 - ``ops``: the operators to draw from, any non-empty subset of ``"+-*"``, one drawn per gap.
 
@@ -61,9 +64,11 @@ class ArithTask(ProceduralTask):
     name = "arith"
 
     def __init__(self, digits: int = 2, operands: int = 2, ops: str = "+", heldout_size: int = 200,
-                 seed: int = 1234, show_work: bool = False):
+                 seed: int = 1234, show_work: bool = False, min_digits: int = 0):
         if not 1 <= digits <= 9:
             raise ValueError("digits must be in 1..9")
+        if not 0 <= min_digits <= digits:
+            raise ValueError(f"min_digits must be in 0..digits ({digits}), got {min_digits}")
         if operands < 2:
             raise ValueError("operands must be >= 2")
         if not ops or set(ops) - set("+-*"):
@@ -71,18 +76,26 @@ class ArithTask(ProceduralTask):
         if show_work and "*" in ops:
             raise ValueError("show_work writes left-to-right running results: use ops from '+-' only")
         self.digits, self.operands, self.seed, self.show_work = digits, operands, seed, show_work
+        self.min_digits = min_digits
         self.ops = "".join(dict.fromkeys(ops))  # dedupe, keep order
         self.heldout_size = heldout_size
-        self.space_size = (10 ** digits) ** operands * len(self.ops) ** (operands - 1)
+        numbers = 10 ** digits - (10 ** (min_digits - 1) if min_digits > 1 else 0)  # operand values that can occur
+        self.space_size = numbers ** operands * len(self.ops) ** (operands - 1)
         if heldout_size > self.space_size // 2:
             raise ValueError(f"heldout_size {heldout_size} exceeds half of the {self.space_size} possible problems")
-        self._tag = f"arith-d{digits}-n{operands}-{self.ops}" + ("-work" if show_work else "")
+        self._tag = f"arith-d{digits}-n{operands}-{self.ops}" + ("-work" if show_work else "") \
+            + (f"-min{min_digits}" if min_digits else "")
         self._build_heldout(heldout_size, seed)
 
     # ------------------------------------------------------------------ problems
+    def _operand(self, rng: random.Random) -> int:
+        if not self.min_digits:
+            return rng.randint(0, 10 ** self.digits - 1)
+        d = rng.randint(self.min_digits, self.digits)
+        return rng.randint(0 if d == 1 else 10 ** (d - 1), 10 ** d - 1)
+
     def _draw(self, rng: random.Random) -> Problem:
-        hi = 10 ** self.digits - 1
-        nums = [rng.randint(0, hi) for _ in range(self.operands)]
+        nums = [self._operand(rng) for _ in range(self.operands)]
         ops = [rng.choice(self.ops) for _ in range(self.operands - 1)]
         return self.make_problem(nums, ops)
 
@@ -116,6 +129,7 @@ class ArithTask(ProceduralTask):
         return {
             "name": self.name,
             "digits": self.digits,
+            "min_digits": self.min_digits,
             "operands": self.operands,
             "ops": self.ops,
             "show_work": self.show_work,
