@@ -728,7 +728,8 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
             ok = False
         if not ok:
             raise ConfigError(f"critic.template={cfg.critic.template!r} must contain '{{privileged}}' and no other "
-                              "'{...}' field; e.g. 'answer:{privileged}|' (or set critic.privileged=false)")
+                              "'{...}' field; e.g. 'answer:{privileged}|', or '{privileged:<3}|' to pad it to 3 characters (or set "
+                              "critic.privileged=false)")
     if cfg.policy.attn_implementation == "flash_attention_2":
         import importlib.util
 

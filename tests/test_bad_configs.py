@@ -77,11 +77,13 @@ CORPUS = [
     (["inference.max_new_tokens=300"], "inference.max_new_tokens", "lower it or raise max_position_embeddings"),
     (["policy.arch.num_kv_heads=3"], "policy.arch.num_kv_heads", "must be a multiple"),
     (["critic.template=answer|"], "critic.template", "must contain '{privileged}'"),
+    (["critic.template='{privileged:d}|'"], "critic.template", "'{privileged:<3}|' to pad it"),
     # unknown names
     (["task.name=sudoku"], "task.name", "choose one of arith"),
     (["task=sudoku"], "task/sudoku", "available: arith"),
     (["advantage.estimator=ppo"], "advantage.estimator", "choose one of gae, grpo, tether"),
     (["critic.loss=l1"], "critic.loss", "choose one of mse, huber, bce"),
+    (["critic.placement=end"], "critic.placement", "choose one of start, response"),
     (["task.ops=+/"], "task.ops", "use characters from '+-*'"),
     (["task.min_digits=3"], "task.min_digits=3", "must be in 0..task.digits (2)"),
     (["launcher.name=k8s"], "launcher.name", "choose one of"),
