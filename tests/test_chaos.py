@@ -11,7 +11,7 @@ from test_pipeline import SMALL, processes_mentioning
 def test_killing_every_role_loses_nothing(tmp_path):
     run_dir = tmp_path / "run"
     overrides = [o for o in SMALL if not o.startswith("steps=")] + ["steps=24", "eval_every=12"]
-    report = chaos(run_dir, overrides, kills=len(ROLES), min_gap_s=2.0, max_gap_s=4.0, seed=1, timeout_s=600)
+    report = chaos(run_dir, overrides, kills=len(ROLES), min_gap_s=0.5, max_gap_s=1.5, seed=1, timeout_s=600)
     assert report["run_returncode"] == 0, report["run_output_tail"]
     assert report["check_returncode"] == 0, report["check_output"]
     assert report["kills"] >= 3, report["killed"]
