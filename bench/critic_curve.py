@@ -31,7 +31,7 @@ from critic_oracle import rollout_oracle_values  # noqa: E402
 
 from prime_values.algo.ema import WeightAverage  # noqa: E402
 from prime_values.algo.gae import explained_variance  # noqa: E402
-from prime_values.config import Config  # noqa: E402
+from prime_values.config import load_saved  # noqa: E402
 from prime_values.models import load_critic, load_policy  # noqa: E402
 from prime_values.roles.critic_io import CriticInputs, critic_step  # noqa: E402
 from prime_values.roles.evaluation import sample_and_score  # noqa: E402
@@ -94,11 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("overrides", nargs="*", help="key=value on the run's config")
     args = parser.parse_intermixed_args(argv)
-    cfg = OmegaConf.load(args.run / "config.yaml")
-    try:  # a run from before a key was added gets that key's default, so every current key can be overridden
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)
-    except Exception:  # noqa: BLE001 - a key removed since: keep the run's config as written
-        pass
+    cfg = load_saved(args.run / "config.yaml")  # keys added since the run: their defaults, so they can be overridden
     OmegaConf.set_struct(cfg, True)
     try:
         cfg.merge_with_dotlist(args.overrides)

@@ -25,10 +25,10 @@ import sys
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prime_values.algo.gae import explained_variance  # noqa: E402
+from prime_values.config import load_saved  # noqa: E402
 from prime_values.models import load_critic, load_policy  # noqa: E402
 from prime_values.roles.critic_io import CriticInputs  # noqa: E402
 from prime_values.roles.evaluation import sample_and_score  # noqa: E402
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=None, help="default: inference.temperature")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    cfg = OmegaConf.load(args.run / "config.yaml")
+    cfg = load_saved(args.run / "config.yaml")
     if cfg.task.name != "arith":
         print(f"critic_oracle: task {cfg.task.name!r} has no exact oracle here; only arith (exact match with one "
               "reference) does", file=sys.stderr)

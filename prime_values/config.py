@@ -151,8 +151,8 @@ class CriticConfig:
     privileged: bool = True
     """fold the task's privileged context (e.g. the reference answer) into the critic's input"""
     template: str = "answer:{privileged}|"
-    """text placed before the whole trace when privileged; {privileged} is replaced by the context (a format
-    spec pads it: '{privileged:<4}|' left-aligns it in 4 characters)"""
+    """the privileged block's text (where it goes: critic.placement); {privileged} is replaced by the context (a
+    format spec pads it: '{privileged:<4}|' left-aligns it in 4 characters)"""
     placement: str = "start"
     """where the privileged block goes: 'start' (before the whole trace) or 'response' (after the prompt, right
     before the policy's first token: at a fixed distance from the response whatever the prompt's length)"""
@@ -563,6 +563,19 @@ ALLOWED = {
 }
 
 
+def load_saved(path: str | os.PathLike):
+    """A run's saved ``config.yaml`` on the current schema: keys added since the run get their defaults (so tools
+    can read them and override them); a config the schema no longer accepts (a key removed since) is returned
+    as written."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(path)
+    try:
+        return OmegaConf.merge(OmegaConf.structured(Config), cfg)
+    except Exception:  # noqa: BLE001 - any schema mismatch: the config as written
+        return cfg
+
+
 class ConfigError(ValueError):
     """A user-caused configuration problem; the message is one sentence naming the key and the fix."""
 
@@ -728,8 +741,8 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
             ok = False
         if not ok:
             raise ConfigError(f"critic.template={cfg.critic.template!r} must contain '{{privileged}}' and no other "
-                              "'{...}' field; e.g. 'answer:{privileged}|', or '{privileged:<3}|' to pad it to 3 characters (or set "
-                              "critic.privileged=false)")
+                              "'{...}' field; e.g. 'answer:{privileged}|', or '{privileged:<3}|' to pad it to 3 "
+                              "characters (or set critic.privileged=false)")
     if cfg.policy.attn_implementation == "flash_attention_2":
         import importlib.util
 

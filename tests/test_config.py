@@ -153,3 +153,19 @@ def test_a_tensor_parallel_inference_job_gets_its_gpus(tmp_path):
     assert (cfg.topology.inference_device, cfg.topology.evaluator_device) == ("cuda:0", "cuda:2")
     executor = make_executor(cfg.launcher, tmp_path, "inference0", "cuda:2", tasks=1, gpus=2)
     assert executor.parameters["visible_gpus"] == [2, 3] and executor.parameters["tasks_per_node"] == 1
+
+
+def test_load_saved_gives_an_old_run_the_keys_added_since(tmp_path):
+    from omegaconf import OmegaConf
+
+    from prime_values.config import load_saved
+
+    old = OmegaConf.to_container(OmegaConf.structured(Config))
+    del old["critic"]["placement"]  # a run saved before critic.placement existed
+    old["critic"]["template"] = "{privileged}|"
+    OmegaConf.save(OmegaConf.create(old), tmp_path / "config.yaml")
+    cfg = load_saved(tmp_path / "config.yaml")
+    assert cfg.critic.placement == "start" and cfg.critic.template == "{privileged}|"
+    old["critic"]["a_key_removed_since"] = 1
+    OmegaConf.save(OmegaConf.create(old), tmp_path / "config.yaml")
+    assert load_saved(tmp_path / "config.yaml").critic.a_key_removed_since == 1  # kept as written

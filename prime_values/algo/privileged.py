@@ -1,9 +1,10 @@
 """Privileged critic input: the critic's layout of a rollout, and mapping its values back (DESIGN.md §3).
 
 The critic may see what the policy never sees (e.g. the reference answer). That context is folded in as
-``prefix_ids`` placed BEFORE the whole trace, and the rollout's token ids follow verbatim (never
-re-tokenised), so a policy token at position j of the policy layout sits at position ``prefix_len + j``
-of the critic layout, and both layouts hold the same policy tokens.
+``prefix_ids`` placed BEFORE the whole trace (or, ``at="response"``, between the prompt and the first policy
+token), and the rollout's token ids stay verbatim (never re-tokenised), so a policy token at position j of the
+policy layout sits at position ``prefix_len + j`` of the critic layout, and both layouts hold the same policy
+tokens.
 
 Value alignment (the off-by-one): the critic is a token-level value model, its output at position i is
 V(causal state ending with token i). Policy token j's state is x_{<j}, which ends with the token BEFORE j,

@@ -1,8 +1,8 @@
 """The critic's view of a rollout, shared by the value evaluator (scoring) and the value trainer (training).
 
-The privileged context is folded in as a text prefix before the whole trace; the trace's token ids are
-appended verbatim, so the policy tokens are the same tokens in both layouts and values map back exactly
-(`algo.privileged`)."""
+The privileged context is folded in as a text block before the whole trace, or between the prompt and the
+response (critic.placement); the trace's token ids are kept verbatim, so the policy tokens are the same tokens
+in both layouts and values map back exactly (`algo.privileged`)."""
 
 from __future__ import annotations
 
