@@ -15,7 +15,7 @@ from dataclasses import MISSING as NO_DEFAULT, dataclass, field, fields, is_data
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING  # noqa: F401  (re-exported for conf authors)
+from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for conf authors)
 
 
 @dataclass
@@ -567,8 +567,6 @@ def load_saved(path: str | os.PathLike):
     """A run's saved ``config.yaml`` on the current schema: keys added since the run get their defaults (so tools
     can read them and override them); a config the schema no longer accepts (a key removed since) is returned
     as written."""
-    from omegaconf import OmegaConf
-
     cfg = OmegaConf.load(path)
     try:
         return OmegaConf.merge(OmegaConf.structured(Config), cfg)
@@ -641,7 +639,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     """Checks a type cannot express. Raises ConfigError with one sentence naming the key and what is allowed."""
     import difflib
 
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig
 
     def no_unknown_keys(node, schema, prefix: str = "") -> None:  # `+key=value` adds keys the schema lacks
         for key in node.keys():
