@@ -94,6 +94,9 @@ class PolicyConfig:
     may stall)"""
     lr: float = 1e-4
     """policy learning rate (AdamW)"""
+    lr_decay_steps: int = 0
+    """the last this many policy steps decay the learning rate linearly toward 0 (step s of N steps uses
+    lr * min(1, (N - s + 1) / (lr_decay_steps + 1))); 0 = constant"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     max_grad_norm: float = 1.0
@@ -678,7 +681,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                     "critic.max_grad_norm", "policy.clip_low", "policy.clip_high", "policy.prob_diff_low",
                     "policy.prob_diff_high", "policy.kl_coef", "advantage.adaptive_alpha", "launcher.stop_grace_s",
                     "launcher.max_restarts", "launcher.restart_backoff_s", "log.optimizer_state_every",
-                    "critic.throttle_factor", "critic.num_layers"]
+                    "critic.throttle_factor", "critic.num_layers", "policy.lr_decay_steps"]
     for key in non_negative:
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0")

@@ -56,6 +56,7 @@ CORPUS = [
     (["log.keep_weights=0"], "log.keep_weights", "must be >= 1"),
     (["log.keep_segments=-1"], "log.keep_segments", "or null"),
     (["schedule.max_off_policy=-1"], "schedule.max_off_policy", "must be >= 0"),
+    (["policy.lr_decay_steps=-1"], "policy.lr_decay_steps", "must be >= 0"),
     # values out of range
     (["policy.lr=-1e-4"], "policy.lr", "must be > 0"),
     (["inference.temperature=0"], "inference.temperature", "must be > 0"),

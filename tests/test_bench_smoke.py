@@ -81,9 +81,8 @@ def test_critic_oracle_values_hand_worked():
     assert critic_oracle.oracle_values(policy, [7, 8], [a, eos], [a, b, eos], 1.0) == pytest.approx([0.4, 0.8, 0.0])
 
 
-def test_critic_curve_runs_on_a_run_directory(tmp_path):
-    """bench/critic_curve.py end to end on a tiny run directory: a line per evaluation with the critic's and the
-    oracle's explained variance; a misspelled override is one line naming the key, exit 2."""
+def tiny_run_dir(path: Path) -> Path:
+    """A run directory with what the offline bench scripts read: config.yaml (arith), policy v0, critic v0."""
     from omegaconf import OmegaConf
 
     from prime_values.config import Config
@@ -91,13 +90,20 @@ def test_critic_curve_runs_on_a_run_directory(tmp_path):
     from prime_values.weights import publish
 
     arch = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32, intermediate_size=128)
-    tokenizer, policy_root = build_char_tokenizer(), tmp_path / "weights" / "policy"
-    publish(policy_root, 0, lambda path: save_model(build_tiny_policy(tokenizer, seed=0, **arch), tokenizer, path))
+    tokenizer, policy_root = build_char_tokenizer(), path / "weights" / "policy"
+    publish(policy_root, 0, lambda out: save_model(build_tiny_policy(tokenizer, seed=0, **arch), tokenizer, out))
     critic = build_critic(policy_root / "0", tokenizer, seed=1)
-    publish(tmp_path / "weights" / "critic", 0, lambda path: save_model(critic, tokenizer, path))
+    publish(path / "weights" / "critic", 0, lambda out: save_model(critic, tokenizer, out))
     cfg = OmegaConf.structured(Config)
     cfg.task.name = "arith"
-    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    return path
+
+
+def test_critic_curve_runs_on_a_run_directory(tmp_path):
+    """bench/critic_curve.py end to end on a tiny run directory: a line per evaluation with the critic's and the
+    oracle's explained variance; a misspelled override is one line naming the key, exit 2."""
+    tiny_run_dir(tmp_path)
     command = [sys.executable, "bench/critic_curve.py", str(tmp_path), "--train-prompts", "8", "--eval-prompts", "8",
                "--steps", "2", "--every", "1", "critic.weight_average=0.5", "critic.batch_rollouts=16",
                "--critic", "fresh", "critic.num_layers=1"]
@@ -109,3 +115,28 @@ def test_critic_curve_runs_on_a_run_directory(tmp_path):
     assert "critic fresh (1 blocks)" in out.stdout, out.stdout  # from policy v0, critic.num_layers=1 of its 2
     bad = subprocess.run(command[:-1] + ["critic.lrr=1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "critic.lrr" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_prompt_success_features_and_end_to_end(tmp_path):
+    """bench/prompt_success.py: hand-worked features; a ridge fit recovers a linear target; the script runs on a
+    tiny run directory and prints the oracle's position-0 explained variance and one line per predictor."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import prompt_success
+
+    f = prompt_success.features("12+39=", "51", 2, "operands answer carry")
+    # bias; 12 -> units 2, tens 1; 39 -> 9, 3; answer 51 -> 1, 5, 0 (3 digits), length 2 of 0..4; carry 2 + 9 >= 10
+    want = [1.0]
+    for digit in (2, 1, 9, 3, 1, 5, 0):
+        want += prompt_success.one_hot(digit, 10)
+    assert f == want + prompt_success.one_hot(2, 5) + [1.0]
+    x = torch.randn(300, 5, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 0.0, 3.0], dtype=torch.float64)
+    assert prompt_success.r_squared(prompt_success.ridge(x[:200], y[:200], x[200:], alpha=1e-6), y[200:]) > 0.999
+    tiny_run_dir(tmp_path)
+    out = subprocess.run([sys.executable, "bench/prompt_success.py", str(tmp_path), "--problems", "30",
+                          "--mlp-steps", "5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "policy v0, 30 problems" in out.stdout and "oracle explained variance at position 0" in out.stdout
+    assert len(re.findall(r"R\^2 +-?\d+\.\d+ +-> position-0 EV", out.stdout)) == 5, out.stdout

@@ -14,6 +14,7 @@ from prime_values.launch import descendants, resolve_devices
 from prime_values.monitor import MetricsTail
 from prime_values.roles.critic_io import CriticInputs
 from prime_values.roles.orchestrator import GroupJoin, batch_metrics, batch_rows, score_group
+from prime_values.roles.policy_trainer import policy_lr
 
 
 def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 2), version=0) -> dict:
@@ -48,6 +49,16 @@ def test_gae_advantages_with_lambda_one_are_return_minus_value():
     # gamma = lambda = 1: A_t = R - V_t on policy tokens, 0 on the prompt (whatever the value there)
     assert torch.allclose(scored["advantages"], torch.tensor([[0, 0, .5, .25, 0], [0, 0, -.25, -.5, 0]]))
     assert torch.allclose(scored["targets"], torch.tensor([[0, 0, 1., 1., 1.], [0, 0, 0, 0, 0]]))
+
+
+def test_policy_lr_is_constant_then_decays_over_the_last_steps():
+    cfg = OmegaConf.structured(Config)
+    cfg.policy.lr = 1.0
+    assert [policy_lr(cfg.policy, s, 10) for s in range(1, 11)] == [1.0] * 10  # lr_decay_steps = 0: constant
+    cfg.policy.lr_decay_steps = 3  # steps 8 / 9 / 10 of 10: 3/4, 2/4, 1/4 (never 0: every step still moves)
+    assert [policy_lr(cfg.policy, s, 10) for s in range(1, 11)] == [1.0] * 7 + [0.75, 0.5, 0.25]
+    cfg.policy.lr_decay_steps = 19  # longer than the run: the first step already decays, 10/20
+    assert policy_lr(cfg.policy, 1, 10) == 0.5 and policy_lr(cfg.policy, 10, 10) == 0.05
 
 
 def test_batch_metrics_report_critic_health_worked_by_hand():

@@ -84,6 +84,13 @@ def next_rows(reader: LogReader, ctx: RoleContext, step: int, timers: Timers | N
         return rows
 
 
+def policy_lr(pcfg, step: int, steps: int) -> float:
+    """policy.lr at policy step `step` of `steps` (1-based): constant, then with policy.lr_decay_steps = D the
+    last D steps fall linearly, lr * (steps - step + 1) / (D + 1). Hand-worked, lr 1, 10 steps, D = 3: steps
+    1-7 use 1, steps 8 / 9 / 10 use 3/4, 2/4, 1/4."""
+    return pcfg.lr * min(1.0, (steps - step + 1) / (pcfg.lr_decay_steps + 1))
+
+
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
@@ -136,6 +143,8 @@ def main(run_dir: str) -> None:
             return dist.teardown()
         began = time.time()
         with timers.time("compute"):
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = policy_lr(cfg.policy, step, cfg.steps)
             stats = train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, device)
             full = dist.unsharded(model)  # the model itself with one process
             # every rank gathers (a collective); rank 0 saves it with the version
@@ -147,7 +156,8 @@ def main(run_dir: str) -> None:
             reader.commit()
             prune(policy_root, keep=cfg.log.keep_weights, protect=lora.protected(full))
         versions = [r["policy_version"] for r in rows]
-        ctx.metrics.log(step=step, **stats, reward_mean=sum(r["reward"] for r in rows) / len(rows),
+        ctx.metrics.log(step=step, **stats, lr=optimizer.param_groups[0]["lr"],
+                        reward_mean=sum(r["reward"] for r in rows) / len(rows),
                         off_policy_max=max((step - 1) - v for v in versions), step_wait_s=began - waited,
                         train_s=time.time() - began, rollouts=len(rows), **timers.snapshot())
         if step % cfg.eval_every == 0 or step == cfg.steps:
