@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
+from prime_values.config import load_saved
 from prime_values.launch import entry, kill_tree, make_executor, resolve_devices, role_gpus, role_procs
 from prime_values.live import Progress  # the live view (prime_values/live.py)
 from prime_values.rundir import RunDir, write_atomic
@@ -222,7 +223,7 @@ def _detached_stdio():
 def drive(run_dir: str) -> dict:
     """The conductor job of a detached run: the same loop as an attached conductor, from the run directory."""
     run = RunDir(run_dir)
-    cfg = OmegaConf.load(run.config)
+    cfg = load_saved(run.config)
     run.register_conductor(watch=cfg.launcher.name == "local")
     return run_roles(run, cfg)
 

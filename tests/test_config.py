@@ -169,3 +169,25 @@ def test_load_saved_gives_an_old_run_the_keys_added_since(tmp_path):
     old["critic"]["a_key_removed_since"] = 1
     OmegaConf.save(OmegaConf.create(old), tmp_path / "config.yaml")
     assert load_saved(tmp_path / "config.yaml").critic.a_key_removed_since == 1  # kept as written
+
+
+def test_roles_of_a_run_saved_by_older_code_read_keys_added_since(tmp_path):
+    """A run resumed by newer code: its roles read config.yaml through load_saved, so a key the run's file lacks
+    (here policy.lr_decay_steps, which the policy trainer reads every step) has its default, not a crash."""
+    from omegaconf import OmegaConf
+
+    from prime_values.roles.common import RoleContext
+
+    old = OmegaConf.to_container(OmegaConf.structured(Config))
+    del old["policy"]["lr_decay_steps"]
+    old["policy"]["lr"] = 3e-4
+    OmegaConf.save(OmegaConf.create(old), tmp_path / "config.yaml")
+    assert "lr_decay_steps" not in OmegaConf.load(tmp_path / "config.yaml").policy
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        ctx = RoleContext(tmp_path, "policy_trainer")  # sets torch's thread count, as a role process does
+    finally:
+        torch.set_num_threads(threads)
+    assert ctx.cfg.policy.lr_decay_steps == 0 and ctx.cfg.policy.lr == 3e-4

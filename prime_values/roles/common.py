@@ -8,8 +8,8 @@ import os
 import time
 import zlib
 
-from omegaconf import OmegaConf
 
+from prime_values.config import load_saved
 from prime_values.launch import job_device
 from prime_values.monitor import MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
@@ -20,7 +20,7 @@ HEARTBEAT_EVERY_S = 2.0
 class RoleContext:
     def __init__(self, run_dir: str | os.PathLike, name: str, device_key: str | None = None):
         self.run = RunDir(run_dir)
-        self.cfg = OmegaConf.load(self.run.config)
+        self.cfg = load_saved(self.run.config)  # a run saved by older code: keys added since get defaults
         self.name = name
         self.metrics = MetricsWriter(self.run.metrics(name), name)
         self.state = self.run.state(name)
