@@ -71,6 +71,11 @@ def test_slurm_script_composes(monkeypatch):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     monkeypatch.setattr(config, "_check_slurm", lambda launcher: None)  # no SLURM controller needed here
+    import submitit
+
+    # nor SLURM's client commands: submitit's executor refuses to exist without srun on the PATH, and this test
+    # runs before tests/test_slurm.py installs them (that file submits to a real daemon)
+    monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))
     config.validate(cfg, cuda_count=0)  # a login node without GPUs: each job brings its own
     assert cfg.topology.policy_trainer_procs == 4 and cfg.topology.value_trainer_procs == 2
     executor = make_executor(cfg.launcher, Path("/tmp/unused"), "policy_trainer", cfg.topology.policy_trainer_device,
