@@ -37,6 +37,11 @@ from prime_values.weights import latest_version  # noqa: E402
 
 
 @torch.no_grad()
+def reference_ids(tokenizer, answer: str) -> list[int]:
+    """The token ids of the one right response: the reference answer, then eos."""
+    return tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
 def reference_suffix_probs(policy, prompt: list[int], reference: list[int], temperature: float) -> list[float]:
     """pi(reference[j:] | prompt + reference[:j]) for every j: one teacher-forced pass, shared by a prompt's group."""
     logits = policy(torch.tensor([prompt + reference])).logits[0].float()
@@ -66,8 +71,7 @@ def rollout_oracle_values(policy, tokenizer, problems, rollouts, temperature: fl
     for r in rollouts:
         k = r.policy_mask.index(1)
         if r.prompt_index not in suffixes:
-            reference = tokenizer.encode(problems[r.prompt_index].answer, add_special_tokens=False)
-            reference.append(tokenizer.eos_token_id)
+            reference = reference_ids(tokenizer, problems[r.prompt_index].answer)
             suffixes[r.prompt_index] = reference, reference_suffix_probs(
                 policy, list(r.token_ids[:k]), reference, temperature)
         reference, suffix = suffixes[r.prompt_index]

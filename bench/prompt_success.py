@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from critic_oracle import reference_suffix_probs  # noqa: E402
+from critic_oracle import reference_ids, reference_suffix_probs  # noqa: E402
 
 from prime_values.config import load_saved  # noqa: E402
 from prime_values.models import load_policy  # noqa: E402
@@ -107,10 +107,9 @@ def main(argv: list[str] | None = None) -> int:
 
     @torch.no_grad()
     def success(model) -> torch.Tensor:
-        return torch.tensor([reference_suffix_probs(
-            model, tokenizer.encode(x.prompt, add_special_tokens=False),
-            tokenizer.encode(x.answer, add_special_tokens=False) + [tokenizer.eos_token_id], temperature)[0]
-            for x in problems], dtype=torch.float64)
+        return torch.tensor([reference_suffix_probs(model, tokenizer.encode(x.prompt, add_special_tokens=False),
+                                                     reference_ids(tokenizer, x.answer), temperature)[0]
+                             for x in problems], dtype=torch.float64)
 
     p = success(policy)
     mean = float(p.mean())
@@ -122,13 +121,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run {args.run}: policy v{version}, {len(problems)} problems, mean success {mean:.3f}, "
           f"Var p {float(p.var(unbiased=False)):.4f}; oracle explained variance at position 0: {oracle:.3f}")
     cut = 2 * len(problems) // 3
+
+    def table(groups: str) -> torch.Tensor:
+        return torch.tensor([features(q.prompt, q.answer, cfg.task.digits, groups) for q in problems],
+                            dtype=torch.float64)
+
     for groups in ("carry", "operands", "operands carry", "operands answer carry"):
-        x = torch.tensor([features(q.prompt, q.answer, cfg.task.digits, groups) for q in problems],
-                         dtype=torch.float64)
+        x = table(groups)
         r2 = r_squared(ridge(x[:cut], p[:cut], x[cut:]), p[cut:])
         print(f"  ridge on {groups:24s} ({x.shape[1]:3d} features): R^2 {r2:6.3f}  -> position-0 EV {r2 * oracle:.3f}")
-    r2 = r_squared(mlp(x[:cut].float(), p[:cut].float(), x[cut:].float(), args.mlp_steps), p[cut:].float())
-    print(f"  MLP on {groups:26s} ({x.shape[1]:3d} features): R^2 {r2:6.3f}  -> position-0 EV {r2 * oracle:.3f}")
+    x = table("operands answer carry").float()
+    r2 = r_squared(mlp(x[:cut], p[:cut].float(), x[cut:], args.mlp_steps), p[cut:].float())
+    print(f"  MLP on {'operands answer carry':26s} ({x.shape[1]:3d} features): R^2 {r2:6.3f}  -> position-0 EV "
+          f"{r2 * oracle:.3f}")
     start = weights / "0"
     if version > 0 and start.is_dir():  # what the critic's starting point, the warm-started policy, knew
         p0 = success(load_policy(start).eval())
