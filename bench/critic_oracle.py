@@ -5,9 +5,10 @@
 For a task whose reward is exact match with one reference string (arith), the value of every state under the
 policy is known exactly, with no Monte-Carlo noise: V*(s_t) = 1[response so far == reference prefix] *
 pi(rest of the reference, then eos | s_t), one teacher-forced forward pass of the policy over
-prompt + reference + eos per prompt. The script samples `--group` fresh rollouts per training prompt from
-policy version V (the inference role's sampler and scorer), scores them with critic version C (the evaluator's
-critic input, privileged or not as the run was configured) and prints, side by side on the same rollouts:
+prompt + reference + eos per prompt. The script samples `--group` fresh rollouts per training prompt (from the
+run's `task.train_pool` when it has one) from policy version V (the inference role's sampler and scorer), scores
+them with critic version C (the evaluator's critic input, privileged or not as the run was configured) and prints,
+side by side on the same rollouts:
 
 - oracle EV: explained variance of V* against the realised returns, pooled over policy tokens (the ceiling any
   critic of this policy can reach: the rest is the policy's own sampling noise);
@@ -33,6 +34,7 @@ from prime_values.models import load_critic, load_policy  # noqa: E402
 from prime_values.roles.critic_io import CriticInputs  # noqa: E402
 from prime_values.roles.evaluation import sample_and_score  # noqa: E402
 from prime_values.tasks import make_task  # noqa: E402
+from prime_values.tasks.pool import training_prompts  # noqa: E402
 from prime_values.weights import latest_version  # noqa: E402
 
 
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     task = make_task(**cfg.task)
     temperature = cfg.inference.temperature if args.temperature is None else args.temperature
     group = args.group or cfg.inference.group_size
-    problems = task.sample(random.Random(args.seed), args.prompts)
+    prompts = training_prompts(task, cfg.task.train_pool, cfg.task.seed)
+    problems = prompts.sample(random.Random(args.seed), args.prompts)
     rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=group,
                                 max_new_tokens=cfg.inference.max_new_tokens, temperature=temperature, seed=args.seed)
     rows = [{"token_ids": r.token_ids, "policy_mask": r.policy_mask,

@@ -293,6 +293,10 @@ class TaskConfig:
     and the privileged critic sees that worked solution (needs operands >= 3 to matter; ops from '+-')"""
     heldout_size: int = 200
     """size of the fixed held-out evaluation set (never trained on)"""
+    train_pool: int = 0
+    """0 = every RL prompt drawn fresh from the task's training stream; N = RL prompts (inference and the critic's
+    warm-start rollouts) come from a fixed pool of N distinct training problems drawn once with task.seed, visited
+    again and again like a dataset's epochs (the supervised warm start keeps the stream)"""
     seed: int = 1234
     """seed of the held-out set (the training stream uses the run seed)"""
     data: str = ""
@@ -676,6 +680,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 1")
     non_negative = ["replay.max_reuse", "replay.max_age", "replay.recent_half_life", "policy.micro_batch_rollouts",
+                    "task.train_pool",
                     "policy.warm_start.steps", "critic.warm_start.steps", "critic.warmup.min_version",
                     "critic.warmup.max_rollouts", "critic.throttle_s", "policy.weight_decay", "policy.max_grad_norm",
                     "critic.max_grad_norm", "policy.clip_low", "policy.clip_high", "policy.prob_diff_low",
@@ -831,6 +836,14 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                           "0 draws operands uniformly from [0, 10**digits)")
     for bad in set(cfg.task.ops) - set("+-*"):
         raise ConfigError(f"task.ops={cfg.task.ops!r} contains {bad!r}; use characters from '+-*'")
+    if cfg.task.train_pool and cfg.task.name in ("arith", "reverse_text"):  # cheap to draw here, before any job
+        from prime_values.tasks import make_task
+        from prime_values.tasks.pool import PromptPool
+
+        try:
+            PromptPool(make_task(**cfg.task), cfg.task.train_pool, cfg.task.seed)
+        except ValueError as error:
+            raise ConfigError(f"task ({cfg.task.name}): {error}") from None
     for role, trainer in (("policy", "policy_trainer"), ("critic", "value_trainer")):
         lora = getattr(cfg, role).lora
         if not lora.enabled:

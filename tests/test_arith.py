@@ -87,6 +87,21 @@ def test_min_digits_gives_each_operand_length_an_equal_share():
         0].prompt_id.split(":")[0]  # a different problem distribution is a different problem space
 
 
+def test_train_pool_is_fixed_distinct_and_never_held_out():
+    from prime_values.tasks.pool import PromptPool, training_prompts
+
+    task = ArithTask()
+    assert training_prompts(task, 0, 1) is task  # 0: the stream itself
+    pool = training_prompts(task, 64, 1)
+    assert len({p.prompt for p in pool.problems}) == 64 and not any(task.is_heldout(p) for p in pool.problems)
+    assert [p.prompt for p in PromptPool(task, 64, 1).problems] == [p.prompt for p in pool.problems]  # every process
+    assert [p.prompt for p in PromptPool(task, 64, 2).problems] != [p.prompt for p in pool.problems]
+    drawn = pool.sample(random.Random(0), 2000)
+    assert {p.prompt for p in drawn} == {p.prompt for p in pool.problems}  # uniform with repeats: all 64 met
+    with pytest.raises(ValueError, match="task.train_pool=500: .* only 90 distinct"):
+        PromptPool(ArithTask(digits=1, heldout_size=10), 500, 0)  # 100 problems exist, 10 held out
+
+
 def test_bad_knobs():
     for kw in [dict(ops="/"), dict(ops=""), dict(operands=1), dict(digits=0), dict(digits=2, min_digits=3),
                dict(min_digits=-1)]:

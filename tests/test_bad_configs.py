@@ -52,6 +52,7 @@ CORPUS = [
     (["topology.inference_workers=0"], "topology.inference_workers", "must be >= 1"),
     (["critic.batch_rollouts=0"], "critic.batch_rollouts", "must be >= 1"),
     (["replay.max_reuse=-1"], "replay.max_reuse", "must be >= 0"),
+    (["task.train_pool=-1"], "task.train_pool", "must be >= 0"),
     (["policy.micro_batch_rollouts=-2"], "policy.micro_batch_rollouts", "must be >= 0"),
     (["log.keep_weights=0"], "log.keep_weights", "must be >= 1"),
     (["log.keep_segments=-1"], "log.keep_segments", "or null"),
@@ -87,6 +88,7 @@ CORPUS = [
     (["critic.placement=end"], "critic.placement", "choose one of start, response"),
     (["task.ops=+/"], "task.ops", "use characters from '+-*'"),
     (["task.min_digits=3"], "task.min_digits=3", "must be in 0..task.digits (2)"),
+    (["task.digits=1", "task.heldout_size=10", "task.train_pool=500"], "task.train_pool=500", "only 90 distinct"),
     (["launcher.name=k8s"], "launcher.name", "choose one of"),
     (["inference.backend=tgi"], "inference.backend", "choose one of"),
     # unknown group options

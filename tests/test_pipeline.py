@@ -87,7 +87,8 @@ def test_pipeline_with_critic(tmp_path, topology):
     run_dir = tmp_path / "run"
     warmup = topology == "cpu"  # one run also holds the policy for a critic warm-up, the other takes the options
     options = ["critic.warmup.min_version=3"] if warmup else \
-        ["advantage=tether", "policy.trust_region=prob_diff", "critic.loss=bce", "advantage.lambda_value=0.9"]
+        ["advantage=tether", "policy.trust_region=prob_diff", "critic.loss=bce", "advantage.lambda_value=0.9",
+         "task.train_pool=6"]
     result = run_pipeline(run_dir, f"topology={topology}", *options)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "== prime_values run finished ==" in result.stdout and str(run_dir) in result.stdout
@@ -104,6 +105,8 @@ def test_pipeline_with_critic(tmp_path, topology):
         assert orchestrated[-1]["dropped_warmup"] > 0
     else:
         assert min(first) == 0  # no gate: the first batch uses the pretrained critic v0
+        prompts = set(stream_table(run_dir, "rollouts").column("prompt_id").to_pylist())
+        assert len(prompts) <= 6, f"task.train_pool=6 but inference drew {len(prompts)} distinct prompts"
         batches = [m for m in read_metrics(run_dir / "metrics" / "orchestrator.jsonl") if "step" in m]
         assert all(0 <= m["tether_weight_mean"] <= 1 for m in batches)
         assert all("masked_fraction" in m for m in read_metrics(run_dir / "metrics" / "policy_trainer.jsonl")

@@ -103,9 +103,11 @@ def generate(ctx: RoleContext, backend, shard: str) -> None:
     from transformers import AutoTokenizer
 
     from prime_values.tasks import make_task
+    from prime_values.tasks.pool import training_prompts
 
     cfg, policy, timers = ctx.cfg, backend.policy, Timers()
     task = make_task(**cfg.task)
+    prompts = training_prompts(task, cfg.task.train_pool, cfg.task.seed)
     policy_root = ctx.run.weights("policy")
     with timers.time("wait"):
         policy.wait(timeout_s=600, stop=ctx.stopping)
@@ -131,7 +133,7 @@ def generate(ctx: RoleContext, backend, shard: str) -> None:
             policy.poll()
         started = time.time()
         rng = random.Random(ctx.seed(chunk))
-        problems = task.sample(rng, prompts_per_chunk)
+        problems = prompts.sample(rng, prompts_per_chunk)
         with timers.time("compute"):
             rows = generate_rows(task, backend, tokenizer, problems, cfg, ctx.seed(chunk, 1), policy.version,
                                  shard, chunk)

@@ -52,11 +52,13 @@ def sample_for_critic(ctx: RoleContext, policy, tokenizer, task) -> list[dict]:
     task=verifiers, runs them, so multi-turn traces keep their environment tokens at policy_mask 0)."""
     from prime_values.roles.evaluation import sample_and_score
     from prime_values.roles.inference import env_rows
+    from prime_values.tasks.pool import training_prompts
 
     cfg, rows, rng = ctx.cfg, [], random.Random(ctx.seed(2))
+    pool = training_prompts(task, cfg.task.train_pool, cfg.task.seed)
     prompts = max(1, cfg.critic.warm_start.rollouts // cfg.inference.group_size)
     for chunk, begin in enumerate(range(0, prompts, 64)):
-        problems = task.sample(rng, min(64, prompts - begin))
+        problems = pool.sample(rng, min(64, prompts - begin))
         rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=cfg.inference.group_size,
                                     max_new_tokens=cfg.inference.max_new_tokens,
                                     temperature=cfg.inference.temperature, seed=ctx.seed(3, chunk))
