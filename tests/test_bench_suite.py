@@ -1,5 +1,6 @@
 """`python -m bench --smoke` runs every benchmark end to end (tiny sizes) and writes its table, so the suite
-cannot rot; plus the small pieces it relies on (timers, lockstep minibatches, the summary's time lines)."""
+cannot rot (its lockstep run keeps the schedule); plus the small pieces it relies on (timers, lockstep
+minibatches, the summary's time lines)."""
 
 import json
 import re
@@ -14,8 +15,8 @@ def test_bench_suite_smoke(tmp_path):
     import os
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    out = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path / "res")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900, env=env)
+    out = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--keep-runs", "--out", str(tmp_path / "res")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads((tmp_path / "res" / "results.json").read_text())
     measures = [r["measure"] for r in result["rows"]]
@@ -28,6 +29,14 @@ def test_bench_suite_smoke(tmp_path):
     assert set(runs) == {"async", "slow_critic", "colocated", "grpo", "lockstep"}
     lockstep = runs["lockstep"][0]
     assert lockstep["steps"] == result["pipeline"]["steps"]
+    # the lockstep run's batches: on-policy, and scored by the critic trained on the previous batch
+    import pyarrow.dataset as ds
+
+    batches = ds.dataset(str(Path(lockstep["run_dir"]) / "log" / "batches"), format="arrow").to_table().to_pylist()
+    assert batches
+    for row in batches:
+        assert row["policy_version"] == row["step"] - 1, "lockstep batch n must come from policy version n - 1"
+        assert row["critic_version"] == row["step"] - 1, "batch n is scored by critic version n - 1"
     for case in runs.values():
         fr = case[0]["time_fractions"]["policy_trainer"]
         assert 0 <= fr["wait"] <= 1 and 0.5 < fr["compute"] + fr["wait"] + fr["io"] <= 1.05, fr
@@ -35,22 +44,6 @@ def test_bench_suite_smoke(tmp_path):
     text = (tmp_path / "res" / "results.md").read_text()
     assert "| measure | ours | baseline | ratio [spread] | goal | met? |" in text
     assert re.search(r"policy_trainer +compute +\d+% +wait +\d+% +io +\d+%", out.stdout), out.stdout[-2000:]
-
-
-def test_lockstep_run_keeps_the_schedule(tmp_path):
-    """The lockstep smoke run's batches: on-policy, and scored by the critic trained on the previous batch."""
-    import pyarrow.dataset as ds
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    import bench_pipeline
-
-    result = bench_pipeline.run_cases(tmp_path, smoke=True, steps=3, reps=1,
-                                      cases={"lockstep": ["schedule.mode=lockstep"]}, log=lambda text: None)
-    run = Path(result["runs"]["lockstep"][0]["run_dir"])
-    batches = ds.dataset(str(run / "log" / "batches"), format="arrow").to_table().to_pylist()
-    for row in batches:
-        assert row["policy_version"] == row["step"] - 1, "lockstep batch n must come from policy version n - 1"
-        assert row["critic_version"] == row["step"] - 1, "batch n is scored by critic version n - 1"
 
 
 def test_timers_and_summary_lines(tmp_path):
