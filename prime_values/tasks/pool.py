@@ -26,7 +26,7 @@ class PromptPool:
         else:
             raise ValueError(f"task.train_pool={size}: the training stream gave only {len(chosen)} distinct prompts "
                              f"in {20 * size} draws; use a smaller pool (or 0 for the stream)")
-        self.task, self.problems = task, list(chosen.values())
+        self.problems = list(chosen.values())
 
     def sample(self, rng: random.Random, n: int) -> list:
         return [rng.choice(self.problems) for _ in range(n)]
