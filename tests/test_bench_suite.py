@@ -65,8 +65,11 @@ def test_timers_and_summary_lines(tmp_path):
     assert fractions["policy_trainer"]["wait"] == 0.75
     assert "policy trainer waits 75%" in _time_lines(fractions)[0]
     plan = lockstep_plan(list(range(10)), 4, 5, seed=0)
-    assert [len(b) for b in plan] == [4] * 5 and sorted(x for b in plan[:2] for x in b[:4]) != []
-    assert sorted(plan[0] + plan[1] + plan[2][:2]) == list(range(10)), "one pass over the batch before repeating"
+    assert [len(b) for b in plan] == [4] * 5
+    first, second = plan[0] + plan[1] + plan[2][:2], plan[2][2:] + plan[3] + plan[4]  # 20 draws: two passes
+    assert sorted(first) == sorted(second) == list(range(10)), "one pass over the batch before repeating"
+    assert first != sorted(first) and first != second, "each pass is shuffled afresh"
+    assert lockstep_plan(list(range(10)), 4, 5, seed=0) == plan != lockstep_plan(list(range(10)), 4, 5, seed=1)
 
 
 def test_gpu_mode_puts_every_role_on_the_device():

@@ -17,16 +17,17 @@ def model_with(value: float) -> torch.nn.Linear:
 
 
 def test_weight_average_hand_worked():
-    """w = 0 at the start, decay 0.5, then w = 4 twice: avg = 0.5 * 0 + 0.5 * 4 = 2, then 0.5 * 2 + 0.5 * 4 = 3."""
+    """w = 0 at the start, decay 0.75, then w = 4 twice: avg = 0.75 * 0 + 0.25 * 4 = 1, then 0.75 * 1 + 0.25 * 4 =
+    1.75 (decay and 1 - decay swapped would give 3, then 3.75; all exact in binary floating point)."""
     layer = model_with(0.0)
-    average = WeightAverage(layer.parameters(), 0.5)
+    average = WeightAverage(layer.parameters(), 0.75)
     seen = []
     for _ in range(2):
         with torch.no_grad():
             layer.weight.fill_(4.0)
         average.update()
         seen.append(average.average[0].item())
-    assert seen == [2.0, 3.0]
+    assert seen == [1.0, 1.75]
 
 
 def test_swapped_holds_the_average_inside_and_the_trained_weights_after_also_on_error():

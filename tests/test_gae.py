@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference_gae import reference_gae
 
 from prime_values.algo.gae import (
     adaptive_lambda,
     advantages_and_targets,
     explained_variance,
     gae,
-    gae_reference,
     group_mean_baseline,
     grpo_advantages,
     tether_advantages,
@@ -164,7 +164,7 @@ def test_gae_matches_slow_reference_on_random_batches(seed, chunk, monkeypatch):
     if seed % 2:  # no rollout cut: no bootstrap either
         batch["bootstrap"] = batch["cut"] = None
     fast = gae(**batch)
-    slow = gae_reference(**batch)
+    slow = reference_gae(**batch)
     for got, want in zip(fast, slow):
         torch.testing.assert_close(got, want)
 
@@ -197,7 +197,7 @@ def test_gae_blocked_scan_matches_reference_edge_cases(length, dtype, monkeypatc
         cut=torch.tensor([0, 1, 0, 1, 0, 1, 0, 1, 0], dtype=torch.bool),
     )
     fast = gae(**kwargs)
-    slow = gae_reference(**kwargs)
+    slow = reference_gae(**kwargs)
     for got, want in zip(fast, slow):
         assert got.dtype == dtype and got.shape == values.shape
         torch.testing.assert_close(got, want)
@@ -211,9 +211,18 @@ def test_bench_gae_smoke(capsys):
     spec.loader.exec_module(bench)
     ratio = bench.main(["--smoke"])
     out = capsys.readouterr().out
-    assert ratio > 0
-    assert re.search(r"ratio loop / fast: \d+\.\dx  \[goal >= 10x: (met|NOT met)\]", out), out
+    # At smoke sizes the ratio is per-call overhead (the bench says so), so its value is not asserted; the verdict
+    # printed must follow from it, and the two implementations must agree
+    verdict = re.search(r"ratio loop / fast: (\d+\.\d)x  \[goal >= (\d+)x: (met|NOT met)\]", out)
+    assert verdict, out
+    shown, goal, said = float(verdict[1]), float(verdict[2]), verdict[3]
+    assert ratio > 0 and f"{ratio:.1f}" == verdict[1]
+    assert said == ("met" if ratio >= goal else "NOT met"), out
     assert re.search(r"measured on \d+ of \d+ rollouts: .* scaled x\d+", out), out
+    # float32 scan vs the float64 loop over 256 tokens: each step of Z_t = u_t + f_t Z_{t+1} rounds by ~2 eps32
+    # of |Z| (a lambda-return of rewards in {0, 1} and values in [-2, 2]: |Z| <= 2), 256 steps: 256 * 2 * eps32 * 2
+    error = float(re.search(r"max \|fast - loop\| .*: ([0-9.e+-]+)", out)[1])
+    assert error < 256 * 2 * torch.finfo(torch.float32).eps * 2, out
 
 
 def test_adaptive_lambda_hand_worked():
@@ -383,7 +392,7 @@ def test_tether_rejects_unknown_mode_and_running_without_ev():
 
 def tether_reference(rewards, values, group_ids, policy_mask, mode, critic_ev, gamma, lam, bootstrap, cut,
                      leave_one_out, min_group_var):
-    """tether_advantages written out with Python loops and floats, on top of gae_reference."""
+    """tether_advantages written out with Python loops and floats, on top of reference_gae."""
     batch, length = values.shape
     r, groups = rewards.tolist(), [int(g) for g in group_ids]
     trust = 0.0 if critic_ev is None or math.isnan(critic_ev) else min(max(critic_ev, 0.0), 1.0)
@@ -392,7 +401,7 @@ def tether_reference(rewards, values, group_ids, policy_mask, mode, critic_ev, g
     for i in range(batch):
         pool = [r[j] for j in members[groups[i]] if j != i or not leave_one_out]
         baseline.append(sum(pool) / len(pool) if pool else r[i])
-    _, returns = gae_reference(rewards, values, policy_mask, gamma, 1.0, bootstrap, cut)
+    _, returns = reference_gae(rewards, values, policy_mask, gamma, 1.0, bootstrap, cut)
     weights = []
     for i in range(batch):
         pairs = [(float(returns[j, t]), float(values[j, t]))
@@ -412,7 +421,7 @@ def tether_reference(rewards, values, group_ids, policy_mask, mode, critic_ev, g
     if bootstrap is not None:
         bootstrap = torch.tensor([w * float(v) + (1 - w) * b for w, v, b in zip(weights, bootstrap, baseline)],
                                  dtype=values.dtype)
-    advantages, _ = gae_reference(rewards, blended, policy_mask, gamma, lam, bootstrap, cut)
+    advantages, _ = reference_gae(rewards, blended, policy_mask, gamma, lam, bootstrap, cut)
     return advantages, torch.tensor(weights, dtype=values.dtype)
 
 
@@ -423,7 +432,7 @@ def test_tether_matches_slow_reference_on_random_batches(seed):
     g = torch.Generator().manual_seed(100 + seed)
     group_ids = torch.randint(0, 4, (12,), generator=g)
     # values = the λ = 1 returns + noise of a random size per rollout: R² anywhere from below 0 to 1
-    _, returns = gae_reference(batch["rewards"], batch["values"], batch["policy_mask"], batch["gamma"], 1.0,
+    _, returns = reference_gae(batch["rewards"], batch["values"], batch["policy_mask"], batch["gamma"], 1.0,
                                batch["bootstrap"], batch["cut"])
     scale = torch.rand(12, 1, generator=g, dtype=torch.float64) * 0.6
     noise = torch.randn(12, 9, generator=g, dtype=torch.float64) * scale

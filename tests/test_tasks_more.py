@@ -68,8 +68,7 @@ def test_reverse_text_configs():
 
 
 # ---------------------------------------------------------------------------------------------- verifiers
-needs_verifiers = pytest.mark.skipif(importlib.util.find_spec("verifiers") is None,
-                                     reason="the verifiers extra is not installed")
+# verifiers is a test extra (setup.cfg): without it these tests fail rather than skip
 
 SINGLE_TURN_ENV = '''
 import verifiers.v1 as vf
@@ -193,7 +192,6 @@ def _runs(mask):
     return out
 
 
-@needs_verifiers
 def test_verifiers_single_turn_rollouts_masks_and_rubric(vf_envs, tiny):
     from prime_values.roles.inference import generate_rows
 
@@ -229,7 +227,6 @@ def test_verifiers_single_turn_rollouts_masks_and_rubric(vf_envs, tiny):
     assert task.score(p, p.answer) == 1.0 and task.score(p, "") == 0.0
 
 
-@needs_verifiers
 def test_verifiers_multi_turn_env_tokens_are_masked(vf_envs, tiny):
     from prime_values.algo.gae import gae
     from prime_values.roles.critic_io import padded
@@ -273,7 +270,6 @@ def test_verifiers_multi_turn_env_tokens_are_masked(vf_envs, tiny):
         mask.sum(1)))
 
 
-@needs_verifiers
 def test_verifiers_config_checks(vf_envs, monkeypatch):
     err = precheck(["task=verifiers", "task.env_id=pv_vf_nowhere"])
     assert "task.env_id='pv_vf_nowhere'" in err and "\n" not in err
@@ -286,7 +282,6 @@ def test_verifiers_config_checks(vf_envs, monkeypatch):
     assert "\n" not in err
 
 
-@needs_verifiers
 def test_verifiers_failing_episode_keeps_its_group_complete(vf_envs, tiny, monkeypatch):
     """An environment that raises before any policy turn still gives one row (prompt only, mask 0, reward 0,
     stop_reason 'error'), so the orchestrator's group of group_size rollouts is complete."""

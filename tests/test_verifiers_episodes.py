@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 import test_tasks_more
-from test_tasks_more import _cfg, _runs, needs_verifiers
+from test_tasks_more import _cfg, _runs
 
 from prime_values.tasks import make_task
 
@@ -81,7 +81,6 @@ def _assert_two_turns(tokenizer, token_ids, mask, logprobs):
     assert logprobs[end:start] == [0.0] * (start - end) and mask[0] == 0
 
 
-@needs_verifiers
 def test_heldout_accuracy_is_greedy_over_whole_episodes(follow_up, tiny, monkeypatch):
     from prime_values.roles.evaluation import heldout_accuracy, sample_and_score
 
@@ -100,7 +99,6 @@ def test_heldout_accuracy_is_greedy_over_whole_episodes(follow_up, tiny, monkeyp
         _assert_two_turns(tokenizer, a.token_ids, a.policy_mask, a.logprobs)
 
 
-@needs_verifiers
 def test_critic_warm_start_samples_episodes(follow_up, tiny):
     from prime_values.roles.warm_start import sample_for_critic
 
@@ -118,7 +116,6 @@ def test_critic_warm_start_samples_episodes(follow_up, tiny):
         assert {t for t, m in zip(row["value_targets"], row["policy_mask"]) if m} == {row["reward"]}
 
 
-@needs_verifiers
 def test_eval_stage_reports_avg_and_pass_at_k_of_episodes(follow_up, tiny, tmp_path):
     from prime_values.models import save_model
     from prime_values.stages import evaluate

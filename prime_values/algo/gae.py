@@ -93,7 +93,7 @@ def gae(
     this beats transposing each block so that a step reads a contiguous row (the three transposes, in and
     out, cost more than the strided steps lose) and a two-level blocked scan (fewer, wider steps, but about
     three times the arithmetic); the largest remaining costs are the scan itself and first-touching the two
-    new [B, T] outputs. ``gae_reference`` checks it. No gradient flows through it (values are data here), so
+    new [B, T] outputs. tests/reference_gae.py checks it. No gradient flows through it (values are data here), so
     the scratch work runs in inference mode, which trims the per-op dispatch of the T small steps.
 
     Args:
@@ -152,39 +152,6 @@ def gae(
             # Z_{t+1} at policy tokens; 0 + Z·0 is +0.0 off-mask where Z·0 alone would give −0.0 for a negative Z.
             torch.addcmul(zero, z[:, 1 : w + 1], m_float_w, out=block_returns)
             torch.sub(block_returns, v_w, out=advantages[:, start:end])  # A = returns − V; both 0 off-mask
-    return advantages, returns
-
-
-def gae_reference(
-    rewards: Tensor,
-    values: Tensor,
-    policy_mask: Tensor,
-    gamma: float,
-    lam: float | Tensor,
-    bootstrap: Tensor | None = None,
-    cut: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Slow, obviously-correct ``gae``: per rollout, list its policy tokens, then sum the δ's directly.
-
-    A_k = Σ_{i=0}^{n−k} (γλ)^i δ_{k+i} is evaluated as written (O(n²)), in Python floats. For tests only.
-    """
-    batch, length = values.shape
-    lams = _per_rollout(lam, batch, values, "lam").tolist()
-    last_rewards, next_values = (x.tolist() for x in _terminal(rewards, bootstrap, cut, batch, values))
-    advantages = torch.zeros_like(values)
-    returns = torch.zeros_like(values)
-    for b in range(batch):
-        positions = [t for t in range(length) if bool(policy_mask[b, t])]
-        n = len(positions)
-        v = [float(values[b, t]) for t in positions] + [next_values[b]]
-        r = [0.0] * n
-        if n:
-            r[-1] = last_rewards[b]
-        deltas = [r[k] + gamma * v[k + 1] - v[k] for k in range(n)]
-        for k, t in enumerate(positions):
-            a = sum((gamma * lams[b]) ** i * deltas[k + i] for i in range(n - k))
-            advantages[b, t] = a
-            returns[b, t] = a + v[k]
     return advantages, returns
 
 

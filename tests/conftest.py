@@ -1,0 +1,59 @@
+"""Suite-wide rules.
+
+- Tests marked `gpu` or `vllm` need a machine or a venv CI does not have: they are deselected unless the -m
+  expression names the marker (`pytest -m vllm`, `pytest -m gpu`, `-m "vllm or not vllm"`), so that other -m
+  expressions (`pytest -m "not slow"`, the fast tier) keep them out the way a plain `pytest` does.
+- Under CI=true a skipped test is a failure (the install or the machine is broken, and green would hide it); the
+  reason is kept in the report. Expected failures are not skips: `xfail` stays (strict, setup.cfg).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+OPT_IN_MARKERS = ("gpu", "vllm")
+CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def pytest_collection_modifyitems(config, items):
+    expression = config.getoption("markexpr") or ""
+    named = {m for m in OPT_IN_MARKERS if re.search(rf"\b{m}\b", expression)}
+    keep, drop = [], []
+    for item in items:
+        needs = {m for m in OPT_IN_MARKERS if item.get_closest_marker(m)}
+        (drop if needs - named else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _fail_skip(report, where: str) -> None:
+    report.outcome = "failed"
+    report.longrepr = (f"{where} skipped under CI=true, where every selected test must run "
+                       f"(fix the install or the machine): {_skip_reason(report)}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if CI and report.skipped and not hasattr(report, "wasxfail"):
+        _fail_skip(report, item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if CI and report.skipped:
+        _fail_skip(report, collector.nodeid)
