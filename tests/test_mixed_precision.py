@@ -1,0 +1,321 @@
+"""policy.dtype=bf16-mixed and activation checkpointing (models/build.py apply_precision / enable_checkpointing,
+prime_values/dist.py shard), on the CPU (bf16 autocast runs there): on the same batch the mixed-precision losses and
+gradients of both trainers agree with fp32 within what bf16 allows, and the weights stay fp32 (the master copy);
+checkpointing gives the same gradients and a lower peak memory; FSDP2 over 2 gloo processes in mixed precision
+matches 1 process; the sampling logprobs stay comparable with the trainer's (the first on-policy step's ratio).
+
+The tolerances, from bf16's precision: 8 significant bits, so one rounding to bf16 is off by at most 2^-9 ~ 2e-3
+relative (the spacing is 2^-8 ~ 3.9e-3). Autocast rounds every matmul's inputs and output to bf16; the errors of
+the ~10 matmuls a token's forward and backward go through per block (and of 2 blocks here) are independent and add
+like a random walk, sqrt(10 * 2) * 2e-3 ~ 1e-2, and a gradient sums many such terms, which averages further. So
+5e-2 relative (a gradient tensor's norm of difference over its norm) and 2e-2 on the loss leave a margin of ~3-5x
+over what bf16 must lose, and still catch a real bug: fp32 vs pure-bf16 weights (measured ~2x larger) or a
+mis-scaled loss (100% off) would not pass. An fp32 value head and fp32 losses are checked exactly (dtype, and the
+head's output equals the fp32 computation bit for bit).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from prime_values.config import Config
+from prime_values.models import build
+
+REPO = Path(__file__).resolve().parents[1]
+ARCH = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+BF16_REL = 5e-2  # gradients: see the module docstring
+BF16_LOSS_REL = 2e-2
+
+
+@pytest.fixture(autouse=True)
+def default_attention():
+    saved = build.current_attention()
+    yield
+    build._attention = saved
+
+
+def cfg_for(**policy):
+    cfg = OmegaConf.structured(Config)
+    cfg.policy.max_grad_norm = 0.0  # the raw gradients are compared
+    cfg.advantage.lambda_value = 1.0  # the critic regresses on the stored targets
+    for key, value in policy.items():
+        cfg.policy[key] = value
+    return cfg
+
+
+def policy_rows(model, tokenizer, n: int = 6) -> list[dict]:
+    """A policy batch whose sampling logprobs are the fp32 model's own (the first on-policy step: ratio 1 in fp32,
+    far from the clip range, so no token changes side of a clip between precisions)."""
+    from prime_values.algo.losses import token_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(n):
+        prompt, response = 3 + i % 3, 4 + (2 * i) % 5
+        ids = torch.randint(4, len(tokenizer), (prompt + response,), generator=gen)
+        with torch.no_grad():
+            lp = token_logprobs(model(input_ids=ids[None]).logits.float(), ids[None])[0]
+        rows.append({"token_ids": ids.tolist(), "policy_mask": [0] * prompt + [1] * response,
+                     "sampling_logprobs": lp.tolist(),
+                     "advantages": [0.0] * prompt + [float(torch.randn(1, generator=gen))] * response,
+                     "privileged": str(i), "reward": float(i % 2), "value_targets": [float(i % 2)] * (prompt + response)})
+    return rows
+
+
+class Recorder:
+    """An optimizer stand-in that keeps the (full) gradients of each step and changes nothing."""
+
+    def __init__(self, model):
+        self.model, self.grads = model, None
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.model.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        self.grads = {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+                      for name, p in self.model.named_parameters()}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30)).item()
+
+
+def policy_grads(mixed: bool, rows=None, checkpointing: bool = False, world_cfg=None):
+    from prime_values.models import build_char_tokenizer, build_tiny_policy
+    from prime_values.roles.policy_trainer import train_step
+
+    tok = build_char_tokenizer()
+    model = build_tiny_policy(tok, seed=0, **ARCH).train()  # fp32 weights in both modes
+    reference = rows or policy_rows(model, tok)
+    build.apply_precision(model, mixed)
+    if checkpointing:
+        build.enable_checkpointing(model)
+    recorder = Recorder(model)
+    stats = train_step(model, recorder, reference, world_cfg or cfg_for(), tok.pad_token_id, "cpu")
+    return model, recorder.grads, stats, reference
+
+
+def test_policy_mixed_loss_and_gradients_agree_with_fp32():
+    fp32_model, fp32, fp32_stats, rows = policy_grads(False)
+    mixed_model, mixed, mixed_stats, _ = policy_grads(True, rows)
+    assert {p.dtype for p in mixed_model.parameters()} == {torch.float32}  # the master copy stays fp32
+    seen = []  # the blocks' matmuls really run in bf16 under the mixed forward
+    hook = mixed_model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    with torch.no_grad():
+        logits = mixed_model(input_ids=torch.tensor([rows[0]["token_ids"]])).logits
+    hook.remove()
+    assert seen == [torch.bfloat16] and logits.dtype in (torch.bfloat16, torch.float32)
+    worst = max(rel(mixed[k], fp32[k]) for k in fp32)
+    loss_rel = abs(mixed_stats["loss"] - fp32_stats["loss"]) / abs(fp32_stats["loss"])
+    print(f"\nbf16-mixed vs fp32, policy: loss rel {loss_rel:.1e}, worst gradient rel {worst:.1e}, ratio_mean "
+          f"{mixed_stats['ratio_mean']:.5f} (fp32 {fp32_stats['ratio_mean']:.7f})")
+    assert fp32_stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert 0 < worst < BF16_REL, worst  # > 0: the mixed step did compute in bf16
+    assert loss_rel < BF16_LOSS_REL
+    assert mixed_stats["clip_fraction"] == 0.0 and abs(mixed_stats["ratio_mean"] - 1) < 1e-2
+
+
+def critic_grads(mixed: bool, rows, checkpointing: bool = False):
+    from prime_values.models import build_char_tokenizer, build_critic
+    from prime_values.roles.critic_io import critic_step
+
+    tok = build_char_tokenizer()
+    critic = build.apply_precision(build_critic(None, tok, seed=0, **ARCH).train(), mixed)
+    if checkpointing:
+        build.enable_checkpointing(critic)
+    recorder = Recorder(critic)
+    stats = critic_step(critic, recorder, rows, tok, cfg_for(), "cpu")
+    return critic, recorder.grads, stats
+
+
+def test_critic_mixed_value_head_in_fp32_and_gradients_agree_with_fp32():
+    _, _, _, rows = policy_grads(False)
+    _, fp32, fp32_stats = critic_grads(False, rows)
+    critic, mixed, mixed_stats = critic_grads(True, rows)
+    assert {p.dtype for p in critic.parameters()} == {torch.float32}
+    seen = {}
+    critic.score.register_forward_hook(lambda m, i, o: seen.update(input=i[0], output=o))
+    ids = torch.tensor([rows[0]["token_ids"]])
+    values = build.critic_values(critic, ids)
+    assert values.dtype == torch.float32 and seen["output"].dtype == torch.float32
+    # the head ran in fp32 outside autocast: its output is the fp32 computation, bit for bit
+    assert torch.equal(seen["output"], torch.nn.functional.linear(seen["input"].float(), critic.score.weight,
+                                                                  critic.score.bias))
+    worst = max(rel(mixed[k], fp32[k]) for k in fp32)
+    loss_rel = abs(mixed_stats["value_loss"] - fp32_stats["value_loss"]) / abs(fp32_stats["value_loss"])
+    print(f"\nbf16-mixed vs fp32, critic: value loss rel {loss_rel:.1e}, worst gradient rel {worst:.1e}")
+    assert 0 < worst < BF16_REL and loss_rel < BF16_LOSS_REL, (worst, loss_rel)
+
+
+def test_auto_dtype_is_mixed_on_cuda_and_fp32_on_cpu_and_logged(caplog):
+    import logging
+
+    assert build.resolve_dtype("auto", "cuda:0") == ("bf16-mixed", "policy.dtype=auto on cuda:0")
+    assert build.resolve_dtype("auto", "cpu")[0] == "float32"
+    log = logging.getLogger("test_mixed")
+    with caplog.at_level(logging.INFO, logger="test_mixed"):
+        chosen = build.configure_attention(OmegaConf.create({"attn_implementation": "auto", "dtype": "auto"}),
+                                           "cpu", log)
+    assert chosen.dtype == "float32" and not chosen.mixed
+    assert "weights float32 [policy.dtype=auto on cpu" in caplog.text
+    on_cuda = build.resolve_attention("auto", "cuda:0", "auto", flash=(True, "flash-attn installed"))
+    assert (on_cuda.implementation, on_cuda.dtype) == ("flash_attention_2", "bf16-mixed")
+    assert build.resolve_attention("auto", "cuda:0", "auto", flash=(False, "no")).implementation == "sdpa"
+    # models built while the process is configured for bf16-mixed get the autocast forward, fp32 weights
+    build.configure_attention(OmegaConf.create({"attn_implementation": "sdpa", "dtype": "bf16-mixed"}), "cpu")
+    from prime_values.models import build_char_tokenizer, build_tiny_policy
+
+    model = build_tiny_policy(build_char_tokenizer(), seed=0, **ARCH)
+    assert model.pv_mixed and {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_first_on_policy_ratio_stays_near_one_in_each_mode():
+    """The hf backend's sampling logprobs (KV-cache decode) against the trainer's recomputation (one full forward)
+    with the same weights, in each precision mode: the importance ratio of the first on-policy step."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from gpu_check import ratio_check
+
+    found = ratio_check("cpu", ARCH, prompts=8, samples=4, new_tokens=12)
+    print("\nfirst on-policy ratio, embedded model on the CPU:",
+          {k: {s: f"{v:.2e}" for s, v in r.items()} for k, r in found.items()})
+    assert found["float32"]["max_abs_log_ratio"] < 1e-4
+    # bf16: the same bf16 rounding argument as the gradients, on a logprob of size ~|log 1/100| ~ 4.6
+    assert found["bf16-mixed"]["mean_abs_log_ratio"] < 2e-2
+    assert found["bfloat16"]["mean_abs_log_ratio"] < 5e-2
+
+
+# ---------------------------------------------------------------------------------------------- checkpointing
+_LIBC = ctypes.CDLL("libc.so.6")
+
+
+def _status_bytes(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def peak_rss_growth(fn) -> int:
+    """The peak resident memory `fn()` added, in bytes: Linux's high-water mark VmHWM, reset just before
+    (/proc/self/clear_refs 5), minus the resident size then. With glibc's mmap threshold fixed at 64 KiB (mallopt
+    M_MMAP_THRESHOLD, which also stops its dynamic growth) every tensor above that is its own mapping, returned to
+    the system when freed, so the resident size follows the live tensors and a previous run's freed memory is not
+    reused unseen."""
+    gc.collect()
+    _LIBC.malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    start = _status_bytes("VmRSS")
+    fn()
+    return _status_bytes("VmHWM") - start
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_checkpointing_gives_the_same_gradients_and_lowers_peak_memory():
+    from prime_values.models import build_char_tokenizer, build_tiny_policy
+
+    assert _LIBC.mallopt(-3, 1 << 16) == 1  # M_MMAP_THRESHOLD = 64 KiB (see peak_rss_growth)
+    # the same gradients, policy and critic: recomputing a block's forward is deterministic on the CPU
+    _, plain, _, rows = policy_grads(False)
+    _, checkpointed, _, _ = policy_grads(False, rows, checkpointing=True)
+    assert max(rel(checkpointed[k], plain[k]) for k in plain) < 1e-6
+    _, plain, _ = critic_grads(True, rows)
+    _, checkpointed, _ = critic_grads(True, rows, checkpointing=True)
+    assert max(rel(checkpointed[k], plain[k]) for k in plain) < 1e-6
+    # peak memory of one forward + backward whose activations dominate: 4 blocks, 16 sequences of 96 tokens.
+    # Without checkpointing every block keeps ~15 tensors of 16 x 96 x (128..384) floats plus its attention
+    # weights: ~20 MB a block, ~85 MB in all; with it, a block's inputs (0.8 MB each) and one block's activations
+    # at a time. The model itself is 1 MB and its gradients are the same in both. So the expected ratio is ~3x
+    # (measured 3.0x at 32 x 128 tokens); the test asks for 1.5x, far above the noise of page-granular RSS
+    # (4 KiB pages, a few MB of allocator bookkeeping).
+    tok = build_char_tokenizer()
+    ids = torch.randint(4, len(tok), (16, 96), generator=torch.Generator().manual_seed(0))
+    peaks = {}
+    for checkpointing in (True, False, True, False):  # twice each, interleaved: the smaller of each pair
+        model = build_tiny_policy(tok, seed=0, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                                  intermediate_size=384).train()
+        if checkpointing:
+            build.enable_checkpointing(model)
+
+        def step():
+            model(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean().backward()
+        peak = peak_rss_growth(step)
+        peaks[checkpointing] = min(peaks.get(checkpointing, peak), peak)
+        del model
+    print(f"\npeak memory of a forward + backward: {peaks[False] / 2**20:.1f} MiB without activation "
+          f"checkpointing, {peaks[True] / 2**20:.1f} MiB with it")
+    assert peaks[False] > 1.5 * peaks[True], peaks
+
+
+# ---------------------------------------------------------------------------------------------- FSDP2
+def fsdp_worker(world: int, out: str) -> None:
+    """One rank of a `world`-process bf16-mixed policy step on the fixed batch (saved by the 1-process run)."""
+    from prime_values import dist
+
+    torch.set_num_threads(1)
+    build.configure_attention(OmegaConf.create({"attn_implementation": "sdpa", "dtype": "bf16-mixed"}), "cpu")
+    dist.setup(world, "cpu")
+    rows = torch.load(Path(out).parent / "rows.pt") if world > 1 else None
+    from prime_values.models import build_char_tokenizer, build_tiny_policy
+    from prime_values.roles.policy_trainer import train_step
+
+    tok = build_char_tokenizer()
+    model = build_tiny_policy(tok, seed=0, **ARCH).train()
+    assert model.pv_mixed
+    if rows is None:
+        rows = policy_rows(model, tok)
+        torch.save(rows, Path(out) / "rows.pt")
+    model = dist.shard(model)
+    cfg = cfg_for(micro_batch_rollouts=4)  # micro-batches of 4 and 2 rollouts
+    recorder = Recorder(model)
+    stats = train_step(model, recorder, rows, cfg, tok.pad_token_id, "cpu")
+    kinds = sorted({str(p.dtype) for p in model.parameters()})  # the sharded master copy
+    if dist.current().main:
+        torch.save({"grads": recorder.grads, "stats": stats, "dtypes": kinds}, Path(out) / f"result-{world}.pt")
+    dist.teardown()
+
+
+def run_ranks(world: int, out: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import test_mixed_precision as t; "
+            f"t.fsdp_worker({world}, {str(out)!r})")
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
+                                   "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"})
+             for rank in range(world)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, output in zip(procs, outputs):
+        assert p.returncode == 0, output[-3000:]
+
+
+def test_two_process_fsdp_in_mixed_precision_matches_one_process(tmp_path):
+    """2 gloo ranks with bf16 all-gathers and fp32 reduce-scatter (dist.shard) against 1 process: the same bf16
+    matmul inputs (a block's fp32 weights rounded to bf16 once, by FSDP or by autocast), so what differs is the
+    rounding of each rank's share of the weight gradients to bf16 before the fp32 sum: the bf16 bound again."""
+    fsdp_worker(1, str(tmp_path))
+    two = tmp_path / "two"
+    two.mkdir()
+    run_ranks(2, two)
+    one, two = (torch.load(p, weights_only=False) for p in (tmp_path / "result-1.pt", two / "result-2.pt"))
+    assert two["dtypes"] == ["torch.float32"]
+    assert one["grads"].keys() == two["grads"].keys()
+    worst = max(rel(two["grads"][k], one["grads"][k]) for k in one["grads"])
+    print(f"\nFSDP2 bf16-mixed, 2 ranks vs 1 process: worst gradient rel {worst:.1e}, loss "
+          f"{two['stats']['loss']:.6f} vs {one['stats']['loss']:.6f}")
+    assert worst < BF16_REL, worst
+    assert two["stats"]["loss"] == pytest.approx(one["stats"]["loss"], rel=BF16_LOSS_REL)
