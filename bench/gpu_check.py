@@ -213,16 +213,23 @@ def measure_shape(shape: str, device: str, sizes: dict, repeats: int, log) -> li
 
 
 def ratio_check(device: str, arch: dict | None = None, prompts: int = 16, samples: int = 4,
-                new_tokens: int = 16) -> dict:
+                new_tokens: int = 16, model_path: str | None = None) -> dict:
     """The first on-policy step's importance ratio in each mode: sample with the hf backend's decode loop (KV
     cache, one token at a time), recompute the logprobs as the policy trainer does (one forward over the padded
-    batch, `token_logprobs` in fp32), same weights. {mode: {mean_abs_log_ratio, max_abs_log_ratio, ratio_mean}}."""
+    batch, `token_logprobs` in fp32), same weights: a fresh embedded model of `arch`, or the saved policy at
+    `model_path` (e.g. a run's weights/policy/0, warm-started: trained logits are larger than a fresh model's, and
+    so are their bf16 errors). {mode: {mean_abs_log_ratio, max_abs_log_ratio, ratio_mean}}."""
     from prime_values.algo.losses import token_logprobs
-    from prime_values.models import build, build_char_tokenizer, build_tiny_policy
+    from prime_values.models import build, build_char_tokenizer, build_tiny_policy, load_policy
     from prime_values.models.sampling import sample
     from prime_values.roles.critic_io import attention_mask, padded
 
-    tok = build_char_tokenizer()
+    if model_path:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_path)
+    else:
+        tok = build_char_tokenizer()
     text = ["12+34=", "7+8=", "99+1=", "5+60=", "3+3=", "40+2=", "18+27=", "6+9="]
     prompt_ids = [tok.encode(text[i % len(text)], add_special_tokens=False) for i in range(prompts)]
     saved = build.current_attention()
@@ -230,7 +237,8 @@ def ratio_check(device: str, arch: dict | None = None, prompts: int = 16, sample
     try:
         for mode in ("float32", "bf16-mixed", "bfloat16"):
             configure(mode, device)
-            model = build_tiny_policy(tok, seed=0, **(arch or EMBEDDED)).to(device).eval()
+            model = (load_policy(model_path) if model_path else
+                     build_tiny_policy(tok, seed=0, **(arch or EMBEDDED))).to(device).eval()
             with torch.no_grad():
                 completions = sample(model, prompt_ids, num_samples=samples, max_new_tokens=new_tokens,
                                      temperature=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
@@ -331,6 +339,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=None, help="timed repetitions of each trainer step")
     ap.add_argument("--budget-s", type=float, default=330.0, help="skip the parts that would start after this")
     ap.add_argument("--out", default=None, help="folder for gpu_check.md / gpu_check.json")
+    ap.add_argument("--ratio-model", default=None, help="the ratio check on this saved policy (e.g. a run's "
+                    "weights/policy/0) instead of a fresh embedded model")
     args = ap.parse_args(argv)
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -359,10 +369,10 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         log(f"{shape}: trainers, generation, scoring ({', '.join(MODES)}; checkpointing off/on)")
         rows += measure_shape(shape, device, sizes, repeats, log)
-    log("first on-policy ratio (embedded model)")
-    ratios = ratio_check(device, SHAPES_ARCH_SMOKE if args.smoke else None)
+    log(f"first on-policy ratio ({args.ratio_model or 'fresh embedded model'})")
+    ratios = ratio_check(device, SHAPES_ARCH_SMOKE if args.smoke else None, model_path=args.ratio_model)
     for mode, r in ratios.items():
-        rows.append({"shape": "embedded", "role": "first on-policy step: sampling vs trainer logprobs",
+        rows.append({"shape": "warm-started" if args.ratio_model else "embedded", "role": "first on-policy step: sampling vs trainer logprobs",
                      "precision": mode, "rate": r["mean_abs_log_ratio"], "unit": "mean abs log-ratio",
                      "note": f"max abs log-ratio {r['max_abs_log_ratio']:.2e}, ratio mean {r['ratio_mean']:.5f}"})
     if pipeline_steps and time.time() - started < args.budget_s:

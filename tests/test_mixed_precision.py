@@ -259,7 +259,8 @@ def test_checkpointing_gives_the_same_gradients_and_lowers_peak_memory():
 
 # ---------------------------------------------------------------------------------------------- FSDP2
 def fsdp_worker(world: int, out: str) -> None:
-    """One rank of a `world`-process bf16-mixed policy step on the fixed batch (saved by the 1-process run)."""
+    """One rank of a `world`-process bf16-mixed policy step on the fixed batch (saved by the 1-process run); with
+    several processes, activation checkpointing on too."""
     from prime_values import dist
 
     torch.set_num_threads(1)
@@ -275,6 +276,8 @@ def fsdp_worker(world: int, out: str) -> None:
     if rows is None:
         rows = policy_rows(model, tok)
         torch.save(rows, Path(out) / "rows.pt")
+    if world > 1:  # the sharded run also checkpoints every block (before sharding, as the trainers do)
+        build.enable_checkpointing(model)
     model = dist.shard(model)
     cfg = cfg_for(micro_batch_rollouts=4)  # micro-batches of 4 and 2 rollouts
     recorder = Recorder(model)
@@ -304,7 +307,8 @@ def run_ranks(world: int, out: Path) -> None:
 
 @pytest.mark.slow
 def test_two_process_fsdp_in_mixed_precision_matches_one_process(tmp_path):
-    """2 gloo ranks with bf16 all-gathers and fp32 reduce-scatter (dist.shard) against 1 process: the same bf16
+    """2 gloo ranks with bf16 all-gathers and fp32 reduce-scatter (dist.shard), checkpointing every block, against
+    1 process without: the same bf16
     matmul inputs (a block's fp32 weights rounded to bf16 once, by FSDP or by autocast), so what differs is the
     rounding of each rank's share of the weight gradients to bf16 before the fp32 sum: the bf16 bound again."""
     fsdp_worker(1, str(tmp_path))
@@ -405,3 +409,23 @@ def test_gpu_check_smoke_runs_every_part_on_the_cpu(tmp_path):
                                                                      "logprobs")
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| tiny | policy trainer | bf16-mixed | on |" in table and "first on-policy step" in table
+
+
+def test_mixed_lora_critic_trains_its_own_fp32_value_head():
+    """PEFT copies the value head it trains (modules_to_save): under bf16-mixed the copy runs in fp32 with its own
+    weights, so a LoRA critic's head is the one that learns."""
+    from prime_values.models import build_char_tokenizer, build_critic, lora
+
+    tok = build_char_tokenizer()
+    critic = build.apply_precision(build_critic(None, tok, seed=0, **ARCH), True)
+    settings = OmegaConf.create({"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0,
+                                 "target_modules": ["q_proj", "v_proj"]})
+    wrapped = lora.wrap(critic, settings, "critic", base="/nonexistent/0")
+    ids = torch.tensor([tok.encode("12+3=15", add_special_tokens=False)])
+    before = build.critic_values(wrapped, ids)
+    heads = [m for n, m in wrapped.named_modules() if n.endswith("score.modules_to_save.default")]
+    assert len(heads) == 1 and isinstance(heads[0], build.Fp32Linear)
+    with torch.no_grad():
+        heads[0].bias.add_(1.0)
+    after = build.critic_values(wrapped, ids)
+    assert after.dtype == torch.float32 and torch.allclose(after, before + 1.0, atol=1e-5)

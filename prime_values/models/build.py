@@ -195,7 +195,8 @@ def apply_precision(model: PreTrainedModel, mixed: bool | None = None) -> PreTra
 
     The forward is wrapped on the instance (functools.wraps keeps its signature), so every caller -- the trainers,
     the hf sampler's decode loop, the evaluator's scoring, the warm start -- gets the same numerics without knowing;
-    a PEFT wrapper calls the wrapped forward too."""
+    a PEFT wrapper calls the wrapped forward too. (The wrapper holds this instance: a deep copy of the whole model
+    would still run the original; nothing here copies one.)"""
     mixed = _attention.mixed if mixed is None else mixed
     if not mixed or getattr(model, "pv_mixed", False):
         return model
@@ -208,17 +209,21 @@ def apply_precision(model: PreTrainedModel, mixed: bool | None = None) -> PreTra
 
     model.forward = autocast_forward
     head = getattr(model, "score", None)  # the critic's value head: hidden -> 1, fp32 costs nothing
-    if isinstance(head, torch.nn.Module):
-        head_forward = head.forward
-
-        @functools.wraps(head_forward)
-        def fp32_forward(hidden):
-            with torch.autocast(hidden.device.type, enabled=False):
-                return head_forward(hidden.float())
-
-        head.forward = fp32_forward
+    if type(head) is torch.nn.Linear:
+        # its class, not its instance, changes: a copy (PEFT's modules_to_save copies the head it trains) computes
+        # with its own weights, in fp32 too; the state dict and save_pretrained are unchanged
+        head.__class__ = Fp32Linear
     model.pv_mixed = True
     return model
+
+
+class Fp32Linear(torch.nn.Linear):
+    """A Linear that computes in fp32 outside any autocast region (bf16-mixed: the critic's value head)."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            return torch.nn.functional.linear(hidden.float(), self.weight.float(),
+                                              None if self.bias is None else self.bias.float())
 
 
 def enable_checkpointing(model) -> None:
