@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA device, as one script for a lent GPU machine (never part of CI):
-#   the gpu-marked tests, then the embedded experiment with every role on the GPU, timed.
-# Packages the machine lacks travel as a folder of pure-Python copies (.gpu_site: hydra, omegaconf, antlr4,
-# submitit) put on PYTHONPATH.
+# The GPU check, as one call on a lent GPU machine (never part of CI; docs/benchmarks.md, "The GPU check"):
+#   here, once:   bash bench/gpu_site.sh                 # .gpu_site: the pure-Python packages that machine lacks
+#   there:        bash bench/gpu_check.sh                # run tool: carry [".gpu_site"], timeout_s 420
+# 1. versions and the gpu-marked tests (tests/test_gpu.py, ~30 s; the 20-step pipeline test is left to step 2)
+# 2. bench/gpu_check.py: one table -- per role tokens/s or states/s, step times and peak GPU memory for
+#    SmolLM2-135M and Qwen3-0.6B shapes (random weights from their configs), fp32 vs bf16-mixed, with and without
+#    activation checkpointing; scoring / generation; the first on-policy importance ratio per precision; async vs
+#    lockstep wall per step of the embedded experiment with every role on the one GPU. <= BUDGET_S (300 s).
+# Other GPU parts, each its own call: bench/gpu_suite.sh (the whole benchmark suite on the GPU, ~5-9 min) and
+# recipes/math_gpu_check.sh (a few RL steps of the math recipe at Qwen3-0.6B's shape, ~7 min).
+# Results under $OUT (the run tool brings them back): versions.txt, gpu_tests.log, gpu_check.{md,json}, check.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/.gpu_site:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=false
 OUT="${OUT:-/tmp/gpu_check}"; mkdir -p "$OUT"
-python3 -c "import torch, transformers; from prime_values.models.sampling import _cache_kwarg; from transformers import Qwen3ForCausalLM as Q, Qwen3Config as C; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0), 'kv-cache argument:', _cache_kwarg(Q(C(num_hidden_layers=1, hidden_size=64, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32, vocab_size=64))))"
-python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
-GPU="topology.inference_device=cuda:0 topology.evaluator_device=cuda:0 topology.policy_trainer_device=cuda:0 topology.value_trainer_device=cuda:0"
-time python3 -m prime_values +experiment=arith steps=60 eval_every=20 $GPU hydra.run.dir=/tmp/gpu_run 2>&1 | tail -40 | tee "$OUT/gpu_run.log"
-cp /tmp/gpu_run/report/summary.json "$OUT/summary.json" 2>/dev/null
-cp /tmp/gpu_run/report/learning.png "$OUT/learning.png" 2>/dev/null
+PY="${PY:-python3}"
+[[ -d .gpu_site ]] || echo "NOTE: no .gpu_site here (make it with bash bench/gpu_site.sh and carry it): hydra/submitit may be missing"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/versions.txt"
+"$PY" -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.version.cuda)" 2>&1 | tee -a "$OUT/versions.txt"
+timeout 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py -k "not pipeline_with_every_role" 2>&1 \
+  | tail -15 | tee "$OUT/gpu_tests.log"
+timeout "${CHECK_TIMEOUT_S:-360}" "$PY" bench/gpu_check.py --device "${DEVICE:-cuda:0}" --budget-s "${BUDGET_S:-300}" \
+  --out "$OUT" ${CHECK_ARGS:-} 2>&1 | tee "$OUT/check.log" | tail -60

@@ -85,13 +85,18 @@ class PolicyConfig:
     """architecture of the embedded model (used when model='tiny'; the critic reuses it)"""
     attn_implementation: str = "auto"
     """attention kernel of every transformers model, policy and critic, in every role and stage: 'auto' =
-    'flash_attention_2' when flash-attn is importable, the model runs on CUDA and dtype is bfloat16, else 'sdpa'
-    (each role logs its choice and why); or 'sdpa', 'eager', 'flash_attention_2' (pip install flash-attn, CUDA
-    devices and dtype=bfloat16)"""
+    'flash_attention_2' when flash-attn is importable, the model runs on CUDA and dtype computes in bf16 (bfloat16,
+    bf16-mixed, or auto on CUDA), else 'sdpa' (each role logs its choice and why); or 'sdpa', 'eager',
+    'flash_attention_2' (pip install flash-attn, CUDA devices and a bf16 dtype)"""
     dtype: str = "float32"
-    """weight dtype of the policy and the critic in every role: 'float32', or 'bfloat16' (half the memory, and what
-    flash-attn needs; no float32 master copy, so AdamW drops updates under ~1/256 of a weight: small learning rates
-    may stall)"""
+    """precision of the policy and the critic in every role (their one precision key): 'float32'; 'bf16-mixed'
+    (fp32 weights, which are the optimizer's master copy, every forward under bf16 autocast, the critic's value
+    head and all losses in fp32; under FSDP2 bf16 all-gathers and fp32 gradient reduction); 'bfloat16' (pure
+    bf16 weights and compute: half the memory, but AdamW drops updates under ~1/256 of a weight, so small learning
+    rates may stall); 'auto' = bf16-mixed on a CUDA device, float32 elsewhere (each role logs what it resolved)"""
+    activation_checkpointing: bool = False
+    """policy trainer: recompute each transformer block's activations in the backward pass instead of keeping
+    them (the same gradients, less memory; costs one more forward pass per block, ~1/3 more compute)"""
     lr: float = 1e-4
     """policy learning rate (AdamW)"""
     lr_decay_steps: int = 0
@@ -165,6 +170,9 @@ class CriticConfig:
     embedded arith experiment uses 2 of the policy's 4: docs/value_functions.md)"""
     lr: float = 3e-3
     """critic learning rate (AdamW)"""
+    activation_checkpointing: bool = False
+    """value trainer: recompute each transformer block's activations in the backward pass instead of keeping
+    them (the same gradients, less memory; one more forward pass per block). The critic's precision is policy.dtype"""
     max_grad_norm: float = 1.0
     """gradient-norm clip per critic step (0 = off)"""
     loss: str = "mse"
@@ -353,8 +361,9 @@ class TaskConfig:
 @dataclass
 class InferenceConfig:
     backend: str = "hf"
-    """'hf' (transformers, any device) or 'vllm' (vLLM's offline engine, versions adopted in place; the optional
-    extra prime_values[vllm]; docs/inference.md)"""
+    """'hf' (transformers, any device), 'vllm' (vLLM's offline engine, versions adopted in place; the optional
+    extra prime_values[vllm]; docs/inference.md; fails before launch when vLLM is not installed), or 'auto' (vllm
+    where it imports, hf otherwise; each inference worker logs the choice and the reason in one line)"""
     dtype: str = "float32"
     """vllm: the engine's dtype; float32 gives the logprobs the fp32 trainer recomputes, bfloat16 / float16 are
     faster on a GPU ('auto': vLLM's choice, which downcasts fp32 checkpoints)"""
@@ -554,13 +563,13 @@ def register() -> None:
 
 ALLOWED = {
     "policy.attn_implementation": ("auto", "sdpa", "eager", "flash_attention_2"),
-    "policy.dtype": ("float32", "bfloat16"),
+    "policy.dtype": ("float32", "bfloat16", "bf16-mixed", "auto"),
     "advantage.estimator": ("gae", "grpo", "tether"),
     "advantage.tether_mode": ("group", "running"),
     "policy.trust_region": ("clip", "prob_diff"),
     "topology.evaluator": ("dedicated", "colocated"),
     "schedule.mode": ("async", "lockstep"),
-    "inference.backend": ("hf", "vllm"),
+    "inference.backend": ("hf", "vllm", "auto"),
     "inference.dtype": ("auto", "float32", "bfloat16", "float16"),
     "launcher.name": ("local", "slurm"),
     "replay.sampling": ("uniform", "fifo", "recent"),
@@ -634,6 +643,11 @@ def _check_backend(cfg) -> None:
     problem = backends.missing(name)
     if problem:
         raise ConfigError(problem)
+    if name == "auto":  # what the workers will pick (they check that vLLM really imports, and log the choice)
+        name, why = backends.choose(cfg, try_import=False)
+        if tp > 1 and name != "vllm":
+            raise ConfigError(f"topology.inference_tp={tp} needs vLLM, but inference=auto picks hf here ({why}); "
+                              "set topology.inference_tp=1 or install vLLM")
     if tp < 1 or (tp > 1 and name != "vllm"):
         raise ConfigError(f"topology.inference_tp={tp} must be >= 1, and > 1 only with inference=vllm (the hf "
                           "backend runs on one device)")
@@ -755,9 +769,10 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
         if importlib.util.find_spec("flash_attn") is None:
             raise ConfigError("policy.attn_implementation=flash_attention_2 but flash-attn is not installed: pip "
                               "install flash-attn, or use policy.attn_implementation=auto (sdpa without it)")
-        if cfg.policy.dtype != "bfloat16":
-            raise ConfigError(f"policy.attn_implementation=flash_attention_2 needs policy.dtype=bfloat16 (got "
-                              f"{cfg.policy.dtype}; flash-attn has no float32 kernels), or use auto")
+        if cfg.policy.dtype == "float32":
+            raise ConfigError("policy.attn_implementation=flash_attention_2 needs policy.dtype=bfloat16 or bf16-mixed "
+                              "(or auto on CUDA; flash-attn has no float32 kernels), or use "
+                              "policy.attn_implementation=auto")
         on_cpu = [f"topology.{r}_device" for r in ("inference", "evaluator", "policy_trainer", "value_trainer")
                   if _get(cfg, f"topology.{r}_device") == "cpu" and not (r == "evaluator" and
                                                                          cfg.topology.evaluator == "colocated")]

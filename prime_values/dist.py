@@ -109,18 +109,32 @@ def teardown() -> None:
     _group = Group(device=_group.device)
 
 
-def shard(model: torch.nn.Module) -> torch.nn.Module:
+def shard(model: torch.nn.Module, mixed: bool | None = None) -> torch.nn.Module:
     """FSDP2: every transformer block its own unit, then the root (embeddings, final norm, head; tied weights
-    stay in one unit). A no-op with one process. Build the optimizer after this."""
+    stay in one unit). A no-op with one process. Build the optimizer after this (and enable activation
+    checkpointing before it).
+
+    `mixed` (default: policy.dtype resolved to bf16-mixed in this process): the blocks' fp32 shards are
+    all-gathered as bf16 and their gradients reduce-scattered in fp32 (`MixedPrecisionPolicy(param_dtype=bf16,
+    reduce_dtype=fp32, cast_forward_inputs=False)`); the sharded fp32 parameters are the optimizer's master copy.
+    The forward runs under bf16 autocast as with one process (models.build.apply_precision), so the block inputs
+    stay fp32 (no cast of the residual stream) and a block computes what autocast computes from its fp32 weights
+    rounded to bf16; the root unit (embeddings, final norm, heads) stays fp32."""
     g = current()
     if g.world == 1:
         return model
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    if mixed is None:
+        from prime_values.models.build import current_attention
+
+        mixed = current_attention().mixed
+    blocks = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                                cast_forward_inputs=False)} if mixed else {}
     mesh = init_device_mesh("cuda" if g.device.startswith("cuda") else "cpu", (g.world,))
     for block in model.model.layers:  # every transformers decoder-only model (and its token classifier)
-        fully_shard(block, mesh=mesh)
+        fully_shard(block, mesh=mesh, **blocks)
     fully_shard(model, mesh=mesh)
     return model
 
@@ -225,7 +239,9 @@ def unsharded(model: torch.nn.Module):
     assert not missing, f"parameters missing from the gathered state dict: {missing[:5]}"
     if getattr(model, "generation_config", None) is not None:  # causal LMs only
         plain.generation_config = model.generation_config
-    return plain.eval()
+    from prime_values.models.build import apply_precision
+
+    return apply_precision(plain, getattr(model, "pv_mixed", False)).eval()  # evaluated with the trainer's numerics
 
 
 def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:

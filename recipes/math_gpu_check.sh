@@ -22,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-python3}"
 DEVICE="${DEVICE:-cuda:0}"; SIZE="${SIZE:-0.6b}"; STEPS="${STEPS:-5}"; PROMPTS="${PROMPTS:-16}"
-GROUP="${GROUP:-8}"; MAX_NEW="${MAX_NEW:-512}"; DTYPE="${DTYPE:-float32}"; ATTN="${ATTN:-auto}"
+GROUP="${GROUP:-8}"; MAX_NEW="${MAX_NEW:-512}"; DTYPE="${DTYPE:-auto}"; ATTN="${ATTN:-auto}"  # auto: bf16-mixed on CUDA
 RUN_TIMEOUT="${RUN_TIMEOUT:-420}"; WORK="${WORK:-/tmp/math_gpu_check}"; OUT="${OUT:-$WORK/out}"
 # vLLM shares the GPU with three other roles: a 32 GiB KV cache (~146k tokens of this model in fp32: the whole step's
 # 128 sequences at once) set directly, not sized by profiling while the other roles allocate on the same GPU; and

@@ -82,3 +82,66 @@ def test_auto_attention_picks_flash_on_cuda():
         assert diff <= 0.02 + 0.02 * sdpa[real].abs().max().item(), diff
     finally:
         build._attention = saved
+
+
+def test_mixed_precision_and_checkpointing_on_cuda():
+    """policy.dtype=bf16-mixed on CUDA: fp32 weights, bf16 matmuls, gradients within the bf16 bound of fp32
+    (tests/test_mixed_precision.py argues it); activation checkpointing: the same gradients, less peak memory."""
+    from prime_values.models import build, build_char_tokenizer, build_tiny_policy
+
+    tok = build_char_tokenizer()
+    ids = torch.randint(4, len(tok), (32, 128), generator=torch.Generator().manual_seed(0)).cuda()
+
+    def grads(mixed: bool, checkpointing: bool):
+        model = build.apply_precision(build_tiny_policy(tok, seed=0).cuda().train(), mixed)
+        if checkpointing:
+            build.enable_checkpointing(model)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        model(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean().backward()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+        return {n: p.grad.detach().float().cpu() for n, p in model.named_parameters()}, peak
+
+    def rel(a, b):
+        return ((a - b).norm() / b.norm().clamp(min=1e-30)).item()
+
+    fp32, fp32_peak = grads(False, False)
+    mixed, mixed_peak = grads(True, False)
+    checkpointed, checkpointed_peak = grads(True, True)
+    worst = max(rel(mixed[k], fp32[k]) for k in fp32)
+    print(f"\nCUDA: bf16-mixed vs fp32 worst gradient rel {worst:.1e}; peak activation memory fp32 "
+          f"{fp32_peak / 2**20:.1f} MiB, mixed {mixed_peak / 2**20:.1f} MiB, mixed + checkpointing "
+          f"{checkpointed_peak / 2**20:.1f} MiB")
+    assert 0 < worst < 5e-2
+    assert max(rel(checkpointed[k], mixed[k]) for k in mixed) < 1e-2  # recomputed in bf16: bf16-level, not bitwise
+    assert checkpointed_peak < mixed_peak
+
+
+def test_auto_attention_with_mixed_precision_runs_flash_on_cuda():
+    """policy.dtype=auto on CUDA is bf16-mixed; with flash-attn installed 'auto' attention picks flash for fp32
+    weights under autocast, and its logits match sdpa's within bf16 tolerance."""
+    pytest.importorskip("flash_attn", reason="flash-attn is not installed on this GPU machine")
+    from omegaconf import OmegaConf
+
+    from prime_values.models import build, build_char_tokenizer, build_tiny_policy
+
+    saved = build.current_attention()
+    try:
+        tok = build_char_tokenizer()
+        out = {}
+        for requested in ("auto", "sdpa"):
+            chosen = build.configure_attention(OmegaConf.create({"attn_implementation": requested, "dtype": "auto"}),
+                                               "cuda:0")
+            assert chosen.mixed
+            model = build_tiny_policy(tok, seed=0).to("cuda").eval()
+            ids = torch.tensor([tok.encode("12+34=46 and 5+6=11", add_special_tokens=False)], device="cuda")
+            with torch.no_grad():
+                out[chosen.implementation] = model(input_ids=ids).logits.float().cpu()
+        assert set(out) == {"flash_attention_2", "sdpa"}
+        diff = (out["flash_attention_2"] - out["sdpa"]).abs().max().item()
+        assert diff <= 0.02 + 0.02 * out["sdpa"].abs().max().item(), diff
+    finally:
+        build._attention = saved

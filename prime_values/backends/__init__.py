@@ -12,16 +12,19 @@ A backend holds the policy and follows the published versions; the role loop onl
 - `hf` (`hf.py`): transformers with the hand-written KV-cache decode loop of `models/sampling.py`, any device.
 - `vllm` (`vllm.py`): vLLM's offline engine (`vllm.LLM`), new versions loaded into the running engine in place,
   LoRA versions served as `LoRARequest`s on the base; an optional extra (`pip install 'prime_values[vllm]'`).
+- `auto`: `vllm` where it imports, `hf` otherwise (`choose`); each worker logs the choice and the reason in one
+  line, so a machine without vLLM never strands a run (the GPU recipes' default, conf/inference/auto.yaml).
 
 `missing(name)` names what a backend needs and is not installed (config validation calls it before any job
-starts); `make_backend` builds one for the role.
+starts: an explicit `inference=vllm` without vLLM fails there in one line naming the extra); `make_backend` builds
+one for the role.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "vllm", "auto")
 
 INSTALL_HINT = {
     "vllm": "inference=vllm needs vLLM, which is not installed: pip install 'prime_values[vllm]' (pip install -e "
@@ -44,9 +47,34 @@ def missing(name: str) -> str | None:
     return None
 
 
+def choose(cfg, try_import: bool = True) -> tuple[str, str]:
+    """inference.backend=auto: ('vllm' or 'hf', why). vLLM when it is installed and, with `try_import`, really
+    imports (a wheel built for another torch or CUDA is installed but raises); the transformers backend otherwise,
+    and always for task=verifiers (its episodes drive the transformers model)."""
+    if cfg.task.name == "verifiers":
+        return "hf", "task=verifiers rolls out its episodes through the transformers model"
+    if not installed("vllm"):
+        return "hf", "vLLM is not installed (pip install 'prime_values[vllm]' to use it)"
+    if try_import:
+        try:
+            import vllm
+        except Exception as error:  # noqa: BLE001 - any failure to import means: not usable here
+            said = str(error).splitlines()[0][:160] if str(error) else ""
+            return "hf", f"vLLM is installed but does not import ({type(error).__name__}: {said})"
+        return "vllm", f"vLLM {getattr(vllm, '__version__', '?')} imports"
+    return "vllm", "vLLM is installed"
+
+
 def make_backend(cfg, device: str, policy_root, seed: int = 0):
-    """The inference backend `cfg.inference.backend` for a worker on `device`, following `policy_root`."""
+    """The inference backend `cfg.inference.backend` for a worker on `device`, following `policy_root`
+    (inference.backend=auto: `choose`, logged in one line)."""
     name = cfg.inference.backend
+    if name == "auto":
+        import logging
+
+        name, why = choose(cfg)
+        logging.getLogger("prime_values.backends").info("inference backend: %s (inference.backend=auto: %s)",
+                                                        name, why)
     if name == "hf":
         from prime_values.backends.hf import HFBackend
 

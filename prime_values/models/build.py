@@ -46,7 +46,7 @@ ARCH_PRESETS: dict[str, dict] = {
     "small": dict(DEFAULT_ARCH, hidden_size=256, num_heads=8, num_kv_heads=4, intermediate_size=768),
 }
 
-# --- attention kernel and weight dtype, chosen once per process (policy.attn_implementation, policy.dtype) ----------
+# --- attention kernel and precision, chosen once per process (policy.attn_implementation, policy.dtype) -------------
 #
 # sdpa and eager measured within noise of each other for the tiny sizes on 2 CPU threads; sdpa is the transformers
 # default and what larger models want. flash-attn (flash_attention_2) is faster on a GPU for long sequences, but it
@@ -55,29 +55,59 @@ ARCH_PRESETS: dict[str, dict] = {
 # ("Flash Attention 2 only supports torch.float16 and torch.bfloat16 dtypes ... use autocast or load with dtype");
 # in the forward pass get_target_dtype() casts float32 q/k/v only under torch.autocast (to the autocast dtype), and
 # otherwise "casts" them to the dtype of the model's Linear weights -- float32 again -- so flash-attn raises at the
-# first forward. So flash needs either autocast around every forward (in every role) or half-precision weights. We
-# take the explicit one: policy.dtype=bfloat16 loads policy and critic in bfloat16 everywhere, and 'auto' picks
-# flash only then; with the default float32 weights 'auto' stays on sdpa and says why. (bfloat16 weights with AdamW
-# and no float32 master copy drop updates smaller than ~1/256 of a weight: fine for throughput, questionable for
-# learning at lr 1e-6 -- docs/configuration.md, policy.dtype.)
+# first forward. So flash needs autocast around every forward or half-precision weights: 'auto' picks it for
+# policy.dtype=bfloat16 (bf16 weights) and bf16-mixed (fp32 weights, every forward under bf16 autocast), on CUDA.
+#
+# The precision modes (policy.dtype; the policy and the critic, in every role):
+#   float32     fp32 weights and compute.
+#   bfloat16    "pure" bf16 weights and compute: half the memory, but AdamW updates smaller than ~1/256 of a weight
+#               are lost (no fp32 master copy).
+#   bf16-mixed  fp32 weights (they are the optimizer's master copy; gradients and Adam moments fp32), every forward
+#               of the model under torch.autocast(bfloat16): matmuls and attention in bf16, reductions, norms and
+#               softmax where autocast keeps them fp32; the critic's value head (`score`) runs in fp32 outside
+#               autocast, and logits / values / losses are fp32. Under FSDP2 (several trainer processes) the blocks
+#               are all-gathered in bf16 (MixedPrecisionPolicy) and their gradients reduced in fp32 (dist.shard).
+#   auto        bf16-mixed on a CUDA device, float32 elsewhere (resolved per process from its device, logged).
 ATTN_CHOICES = ("auto", "sdpa", "eager", "flash_attention_2")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+PRECISIONS = ("float32", "bfloat16", "bf16-mixed", "auto")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "bf16-mixed": torch.float32}  # weight dtypes
+
+
+def resolve_dtype(requested: str, device: str) -> tuple[str, str]:
+    """(precision mode, why) for policy.dtype=`requested` on `device`: 'auto' is bf16-mixed on CUDA, else float32."""
+    if requested not in PRECISIONS:
+        raise ValueError(f"policy.dtype={requested!r} is not allowed; choose one of {', '.join(PRECISIONS)}")
+    if requested != "auto":
+        return requested, "policy.dtype"
+    if str(device).startswith("cuda"):
+        return "bf16-mixed", f"policy.dtype=auto on {device}"
+    return "float32", f"policy.dtype=auto on {device}: mixed precision on CUDA only"
 
 
 @dataclass(frozen=True)
 class Attention:
-    """What every model this process builds or loads gets: the attention implementation and the weight dtype."""
+    """What every model this process builds or loads gets: the attention implementation and the precision mode."""
 
     implementation: str
-    dtype: str
+    dtype: str  # a resolved precision mode: float32, bfloat16 or bf16-mixed
     reason: str
+    dtype_reason: str = "policy.dtype"
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """The weights' dtype (float32 for bf16-mixed)."""
         return DTYPES[self.dtype]
 
+    @property
+    def mixed(self) -> bool:
+        return self.dtype == "bf16-mixed"
+
     def line(self) -> str:
-        return f"attention: {self.implementation} ({self.reason}); weights {self.dtype}"
+        weights = {"float32": "weights float32", "bfloat16": "weights bfloat16 (pure bf16, no fp32 master copy)",
+                   "bf16-mixed": "weights float32, compute bf16 autocast (bf16-mixed: fp32 master weights, value "
+                                 "head and losses)"}[self.dtype]
+        return f"attention: {self.implementation} ({self.reason}); {weights}" + (
+            f" [{self.dtype_reason}]" if self.dtype_reason != "policy.dtype" else "")
 
 
 _attention = Attention("sdpa", "float32", "default")  # until configure_attention (tests, tools)
@@ -101,18 +131,19 @@ def flash_attn_importable() -> tuple[bool, str]:
 
 def resolve_attention(requested: str, device: str, dtype: str = "float32",
                       flash: tuple[bool, str] | None = None) -> Attention:
-    """The implementation for `requested` (policy.attn_implementation) on `device` with `dtype` weights.
+    """The implementation for `requested` (policy.attn_implementation) on `device` with precision `dtype`
+    (policy.dtype; 'auto' is resolved here for `device`).
 
-    'auto': flash_attention_2 when flash-attn is importable, the device is CUDA and the weights are bfloat16, else
-    sdpa, with the reason. An explicit 'flash_attention_2' that cannot work raises ValueError (config.validate
-    catches the same cases before any job starts). `flash` = (importable, why) overrides the check (tests)."""
+    'auto': flash_attention_2 when flash-attn is importable, the device is CUDA and the compute is bf16 (bfloat16
+    or bf16-mixed), else sdpa, with the reason. An explicit 'flash_attention_2' that cannot work raises ValueError
+    (config.validate catches the same cases before any job starts). `flash` = (importable, why) overrides the check
+    (tests)."""
     if requested not in ATTN_CHOICES:
         raise ValueError(f"policy.attn_implementation={requested!r} is not allowed; choose one of "
                          f"{', '.join(ATTN_CHOICES)}")
-    if dtype not in DTYPES:
-        raise ValueError(f"policy.dtype={dtype!r} is not allowed; choose one of {', '.join(DTYPES)}")
+    dtype, dtype_reason = resolve_dtype(dtype, device)
     if requested in ("sdpa", "eager"):
-        return Attention(requested, dtype, "policy.attn_implementation")
+        return Attention(requested, dtype, "policy.attn_implementation", dtype_reason)
     available, why = flash if flash is not None else flash_attn_importable()
     cuda = str(device).startswith("cuda")
     if requested == "flash_attention_2":
@@ -123,16 +154,17 @@ def resolve_attention(requested: str, device: str, dtype: str = "float32",
             raise ValueError(f"policy.attn_implementation=flash_attention_2 needs a CUDA device (this model runs on "
                              f"{device}); use policy.attn_implementation=auto")
         if dtype == "float32":
-            raise ValueError("policy.attn_implementation=flash_attention_2 needs policy.dtype=bfloat16 (flash-attn "
-                             "has no float32 kernels)")
-        return Attention("flash_attention_2", dtype, "policy.attn_implementation")
+            raise ValueError("policy.attn_implementation=flash_attention_2 needs policy.dtype=bfloat16 or bf16-mixed "
+                             "(flash-attn has no float32 kernels)")
+        return Attention("flash_attention_2", dtype, "policy.attn_implementation", dtype_reason)
     if not available:
-        return Attention("sdpa", dtype, why)
+        return Attention("sdpa", dtype, why, dtype_reason)
     if not cuda:
-        return Attention("sdpa", dtype, f"flash-attn installed, but this model runs on {device}")
+        return Attention("sdpa", dtype, f"flash-attn installed, but this model runs on {device}", dtype_reason)
     if dtype == "float32":
-        return Attention("sdpa", dtype, "flash-attn installed, but policy.dtype=float32 and flash-attn needs bfloat16")
-    return Attention("flash_attention_2", dtype, f"auto: flash-attn installed, {device}, {dtype}")
+        return Attention("sdpa", dtype, "flash-attn installed, but policy.dtype=float32 and flash-attn needs bfloat16",
+                         dtype_reason)
+    return Attention("flash_attention_2", dtype, f"auto: flash-attn installed, {device}, {dtype}", dtype_reason)
 
 
 def configure_attention(policy_cfg, device: str, log=None) -> Attention:
@@ -148,6 +180,62 @@ def configure_attention(policy_cfg, device: str, log=None) -> Attention:
 
 def current_attention() -> Attention:
     return _attention
+
+
+def _device_type(module: torch.nn.Module) -> str:
+    for p in module.parameters():
+        return p.device.type
+    return "cpu"
+
+
+def apply_precision(model: PreTrainedModel, mixed: bool | None = None) -> PreTrainedModel:
+    """bf16-mixed (`mixed`, default: this process's policy.dtype): every call of `model` runs under
+    torch.autocast(bfloat16) on its parameters' device, and the critic's value head (`score`) in fp32 outside it.
+    The weights stay as they are (fp32: the optimizer's master copy). A no-op otherwise, and the second time.
+
+    The forward is wrapped on the instance (functools.wraps keeps its signature), so every caller -- the trainers,
+    the hf sampler's decode loop, the evaluator's scoring, the warm start -- gets the same numerics without knowing;
+    a PEFT wrapper calls the wrapped forward too. (The wrapper holds this instance: a deep copy of the whole model
+    would still run the original; nothing here copies one.)"""
+    mixed = _attention.mixed if mixed is None else mixed
+    if not mixed or getattr(model, "pv_mixed", False):
+        return model
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def autocast_forward(*args, **kwargs):
+        with torch.autocast(_device_type(model), dtype=torch.bfloat16):
+            return forward(*args, **kwargs)
+
+    model.forward = autocast_forward
+    head = getattr(model, "score", None)  # the critic's value head: hidden -> 1, fp32 costs nothing
+    if type(head) is torch.nn.Linear:
+        # its class, not its instance, changes: a copy (PEFT's modules_to_save copies the head it trains) computes
+        # with its own weights, in fp32 too; the state dict and save_pretrained are unchanged
+        head.__class__ = Fp32Linear
+    model.pv_mixed = True
+    return model
+
+
+class Fp32Linear(torch.nn.Linear):
+    """A Linear that computes in fp32 outside any autocast region (bf16-mixed: the critic's value head)."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            return torch.nn.functional.linear(hidden.float(), self.weight.float(),
+                                              None if self.bias is None else self.bias.float())
+
+
+def enable_checkpointing(model) -> None:
+    """Activation checkpointing per transformer block (policy/critic.activation_checkpointing): each block's
+    activations are recomputed in the backward pass instead of kept (transformers' per-layer
+    gradient checkpointing, torch.utils.checkpoint non-reentrant: the same gradients, lower peak memory)."""
+    kwargs = {"use_reentrant": False}
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT (LoRA) wrapper
+    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns there
+        target.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 @contextlib.contextmanager
@@ -197,7 +285,7 @@ def _seeded_from_config(auto_cls, cfg, seed: int) -> PreTrainedModel:
         torch.manual_seed(seed)
         model = auto_cls.from_config(cfg, attn_implementation=_attention.implementation,
                                      dtype=_attention.torch_dtype)
-    return model.to(_attention.torch_dtype)
+    return apply_precision(model.to(_attention.torch_dtype))
 
 
 def build_tiny_policy(tokenizer, seed: int = 0, **arch) -> PreTrainedModel:
@@ -218,7 +306,7 @@ def load_policy(path: str | os.PathLike) -> PreTrainedModel:
         model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=_attention.torch_dtype, attn_implementation=_attention.implementation
         )
-    return model.to(_attention.torch_dtype).eval()
+    return apply_precision(model.to(_attention.torch_dtype)).eval()
 
 
 def _critic_config(cfg) -> Qwen3Config:
@@ -275,7 +363,7 @@ def load_critic(path: str | os.PathLike) -> PreTrainedModel:
         model = AutoModelForTokenClassification.from_pretrained(
             str(path), dtype=_attention.torch_dtype, attn_implementation=_attention.implementation
         )
-    return model.to(_attention.torch_dtype).eval()
+    return apply_precision(model.to(_attention.torch_dtype)).eval()
 
 
 def critic_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -36,7 +36,9 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
         mask = padded(micro, "policy_mask", torch.bool).to(device)
         sampling = padded(micro, "sampling_logprobs", torch.float32).to(device)
         advantages = padded(micro, "advantages", torch.float32).to(device)
-        logits = model(input_ids=ids, attention_mask=attention).logits.float()
+        # policy.dtype=bf16-mixed: the forward runs under bf16 autocast (models.build.apply_precision); the logits,
+        # the logprobs and the loss are fp32 from here on
+        logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
         logprobs = token_logprobs(logits, ids, cfg.inference.temperature)
         if pcfg.trust_region == "prob_diff":
             loss, stats = prob_diff_mask_loss(logprobs, sampling, advantages, mask, delta_low=pcfg.prob_diff_low,
@@ -95,6 +97,7 @@ def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
     from prime_values.models import lora, read_optimizer_state, save_optimizer_state
+    from prime_values.models.build import enable_checkpointing
     from prime_values.roles.evaluation import heldout_accuracy
     from prime_values.tasks import make_task
 
@@ -108,7 +111,10 @@ def main(run_dir: str) -> None:
     start, loaded = resume(policy_root, load) if group.main else (None, None)
     start = dist.broadcast(start)
     assert start is not None, f"no policy version in {policy_root}: the warm-start job publishes version 0"
-    model = dist.shard((loaded if group.main else load(version_dir(policy_root, start))).to(device).train())
+    model = (loaded if group.main else load(version_dir(policy_root, start))).to(device).train()
+    if cfg.policy.activation_checkpointing:  # per transformer block, before sharding
+        enable_checkpointing(model)
+    model = dist.shard(model)  # bf16-mixed: bf16 all-gathers, fp32 gradient reduction
     tokenizer = AutoTokenizer.from_pretrained(version_dir(policy_root, 0))
     optimizer = torch.optim.AdamW(lora.trainable(model), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
     if start > 0:  # the Adam moments of the version resumed from, with any process count

@@ -75,6 +75,7 @@ def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
     from prime_values.models import lora, read_optimizer_state, save_optimizer_state
+    from prime_values.models.build import enable_checkpointing
     from prime_values.roles.evaluator import Scorer
 
     ctx = RoleContext(run_dir, "value_trainer", "value_trainer_device")
@@ -86,7 +87,10 @@ def main(run_dir: str) -> None:
     version, loaded = resume(critic_root, load) if group.main else (None, None)
     version = dist.broadcast(version)
     assert version is not None, f"no critic version in {critic_root}: the warm-start job publishes version 0"
-    critic = dist.shard((loaded if group.main else load(version_dir(critic_root, version))).to(device).train())
+    critic = (loaded if group.main else load(version_dir(critic_root, version))).to(device).train()
+    if cfg.critic.activation_checkpointing:  # per transformer block, before sharding
+        enable_checkpointing(critic)
+    critic = dist.shard(critic)  # policy.dtype=bf16-mixed: bf16 all-gathers, fp32 gradient reduction
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
     optimizer = torch.optim.AdamW(lora.trainable(critic), lr=cfg.critic.lr)
     average = WeightAverage(lora.trainable(critic), cfg.critic.weight_average)  # what is published
