@@ -87,7 +87,8 @@ def explain(error: BaseException) -> str:
 
 
 def precheck(argv: list[str]) -> str | None:
-    """Compose and validate the command line; the one-line error, or None when it is good."""
+    """Compose and validate the command line; the one-line error, or None when it is good. With `--cfg`
+    (print the composed config) the checks of this machine are left out: they belong to the launch."""
     from hydra import compose, initialize_config_dir
 
     from prime_values.config import register, validate
@@ -98,8 +99,9 @@ def precheck(argv: list[str]) -> str | None:
         overrides = _overrides(argv)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=overrides)
-        validate(cfg)
-        validate_stages(cfg)
+        environment = not any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv)
+        validate(cfg, environment=environment)
+        validate_stages(cfg, environment=environment)
     except Exception as error:  # every user-caused problem becomes one line
         return explain(error)
     return None

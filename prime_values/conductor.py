@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -38,14 +37,17 @@ class RoleJob:
     device: str = "cpu"
     args: tuple = ()
     finished: bool = False
-    restarts: int = 0
+    restarts: int = 0  # over the whole run (the live view and control/restarts.json show it)
+    restart_times: list = field(default_factory=list)  # when each restart was made, for the rate budget
+    failed_early: int = 0  # failures in a row before the role came up (no heartbeat): these back off
     restart_at: float | None = None  # a failed job waiting out its backoff before it is resubmitted
 
 
 @dataclass
 class Fleet:
-    """The submitted role jobs of one run. A role that fails is resubmitted (launcher.max_restarts, with
-    backoff): every role resumes from what it left in the run directory."""
+    """The submitted role jobs of one run. A role that fails is resubmitted at once (every role resumes from what
+    it left in the run directory), within a budget of launcher.max_restarts per launcher.restart_window_s; one
+    that fails again before it came up (no heartbeat) waits launcher.restart_backoff_s, doubled each time."""
 
     run: RunDir
     cfg: object
@@ -57,6 +59,8 @@ class Fleet:
                                  tasks=role_procs(self.cfg.topology, role_job.role),  # trainers: one task per rank
                                  gpus=role_gpus(self.cfg.topology, role_job.role))
         role_job.job = executor.submit(entry(role_job.role), str(self.run.root), *role_job.args)
+        if not getattr(role_job.job, "started_at", 0.0):
+            role_job.job.started_at = time.time()
 
     def submit(self, name: str, role: str, device: str, *args) -> RoleJob:
         role_job = RoleJob(name, role, None, device, args)
@@ -80,36 +84,55 @@ class Fleet:
             self.submit("value_trainer", "value_trainer", topo.value_trainer_device)
 
     def check(self) -> RoleJob | None:
-        """The first job that ended with its work done (policy trainer, warm start). A failed job is scheduled
-        for a restart, or, past launcher.max_restarts, raises RoleFailed with the role's error and log path."""
+        """The first job that ended with its work done (policy trainer, warm start). Every job that ended otherwise
+        is resubmitted now (all of them in this one pass), or, past the restart budget, raises RoleFailed with
+        the cause and the log path. After a stop request, ended jobs are the stop at work: StopRequested."""
         self._restart_due()
+        ended = []
         for role_job in self.jobs:
-            if role_job.finished or role_job.restart_at is not None or not role_job.job.done():
+            if role_job.finished or role_job.restart_at is not None:
                 continue
-            state = str(role_job.job.state).split()[0]  # SLURM says "CANCELLED by <uid>"
-            failed = state in FAILED_STATES or role_job.job.exception() is not None
-            if not failed and self.run.done_file(role_job.name).exists():
+            over, cause = job_end(role_job.job)
+            if over:
+                ended.append((role_job, cause))
+        for role_job, cause in ended:  # a finished policy trainer ends the run whatever else ended with it
+            if cause is None and self.run.done_file(role_job.name).exists():
                 role_job.finished = True
                 return role_job
-            message = failure_message(role_job, state) if failed else \
-                f"role {role_job.name} exited before the run finished (log: {role_job.job.paths.stderr})"
-            self._schedule_restart(role_job, message)
+        if ended and self.run.stop_requested():
+            raise StopRequested(f"stop requested through {self.run.stop_file}")
+        for role_job, cause in ended:
+            self._schedule_restart(role_job, cause or "exited before the run finished")
         return None
 
-    def _schedule_restart(self, role_job: RoleJob, message: str) -> None:
-        launcher = self.cfg.launcher
-        if role_job.restarts >= launcher.max_restarts:
+    def _schedule_restart(self, role_job: RoleJob, cause: str) -> None:
+        launcher, now = self.cfg.launcher, time.time()
+        window = launcher.restart_window_s
+        recent = [t for t in role_job.restart_times if window is None or now - t < window]
+        message = f"role {role_job.name} failed: {cause} (log: {role_job.job.paths.stderr})"
+        if len(recent) >= launcher.max_restarts:
             role_job.finished = True
-            suffix = f" after {role_job.restarts} restarts" if role_job.restarts else ""
-            raise RoleFailed(message + suffix)
+            within = f" in {window:g} s" if window is not None else ""
+            budget = f"launcher.max_restarts={launcher.max_restarts}" + \
+                (f" per launcher.restart_window_s={window:g}" if window is not None else "")
+            raise RoleFailed(message + (f" after {len(recent)} restarts{within} ({budget})" if recent else ""))
+        came_up = _heartbeat_since(self.run, role_job.name, getattr(role_job.job, "started_at", now))
+        role_job.failed_early = 0 if came_up else role_job.failed_early + 1
+        # the first failure is restarted at once; a role failing again before it came up backs off (a crash loop)
+        early = role_job.failed_early
+        delay = 0.0 if early <= 1 else min(launcher.restart_backoff_s * 2 ** (early - 2), 60.0)
+        role_job.restart_times = [*recent, now]
         role_job.restarts += 1
         self.restarts += 1
-        delay = min(launcher.restart_backoff_s * 2 ** (role_job.restarts - 1), 60.0)
-        role_job.restart_at = time.time() + delay
+        per = f"; at most {launcher.max_restarts} per {window:g} s" if window is not None else ""
         print(f"\nprime_values: {message}; restarting it in {delay:.0f} s "
-              f"({role_job.restarts}/{launcher.max_restarts})", flush=True)
+              f"({len(role_job.restart_times)}/{launcher.max_restarts}){per}", flush=True)
         write_atomic(self.run.restarts_file,
                      json.dumps({j.name: j.restarts for j in self.jobs}, sort_keys=True) + "\n")
+        if delay == 0:
+            self._launch(role_job)
+        else:
+            role_job.restart_at = now + delay
 
     def _restart_due(self) -> None:
         for role_job in self.jobs:
@@ -123,6 +146,8 @@ class Fleet:
     def stop(self, reason: str, grace_s: float) -> None:
         """Ask every role to stop, give them `grace_s` to finish, then cancel (and finally kill) the rest."""
         self.run.request_stop(reason)
+        for role_job in self.jobs:
+            role_job.restart_at = None  # nothing is restarted once the stop is asked for
         deadline = time.time() + grace_s
         while self.running() and time.time() < deadline:
             time.sleep(0.2)
@@ -140,21 +165,25 @@ class Fleet:
             kill_tree(int(role_job.job.job_id))  # last resort: never leave a process behind (job_id is the pid)
 
 
-# job states of a role that did not finish its work (submitit local and SLURM names)
-FAILED_STATES = {"FAILED", "INTERRUPTED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-                 "DEADLINE", "PREEMPTED", "REVOKED"}
+def _heartbeat_since(run: RunDir, name: str, since: float) -> bool:
+    """Whether role `name` wrote a heartbeat after `since` (it came up: imports done, run directory read)."""
+    try:
+        return run.heartbeat_file(name).stat().st_mtime >= since - 1.0
+    except OSError:
+        return False
 
 
-def failure_message(role_job: RoleJob, state: str) -> str:
-    # a cancelled SLURM job never writes a result: asking for its exception would wait for one
-    error = None if state in FAILED_STATES - {"FAILED"} else role_job.job.exception()
-    text = str(error) if error else f"job ended in state {state}"
-    # submitit wraps the role's traceback between dashed rulers; its last line is the error itself
-    sections = re.split(r"\n-{10,}\n", text)
-    trace = sections[1] if len(sections) > 2 else text
-    lines = [line for line in trace.strip().splitlines() if line.strip()]
-    last = lines[-1].strip() if lines else text
-    return f"role {role_job.name} failed: {last} (full log: {role_job.job.paths.stderr})"
+def job_end(job) -> tuple[bool, str | None]:
+    """(ended, cause) of a role job without waiting: (False, None) while it runs, (True, None) when it exited
+    cleanly, else (True, the cause in words). Local jobs read their controller's exit state
+    (prime_values.launch.local), SLURM jobs their job state (prime_values.launch.slurm.exit_cause)."""
+    if hasattr(job, "exit_cause"):
+        return job.exit_cause()
+    if not job.done():
+        return False, None
+    from prime_values.launch.slurm import exit_cause
+
+    return True, exit_cause(job)
 
 
 def prepare(cfg) -> tuple[RunDir, object]:

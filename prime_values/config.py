@@ -405,11 +405,16 @@ class LauncherConfig:
     """after the stop file is written, how long roles get to finish before they are cancelled"""
     timeout_min: int = 120
     """wall-clock limit of every role job"""
-    max_restarts: int = 3
-    """a role that fails (crash, kill, node failure, preemption) is resubmitted from its state in the run directory
-    up to this many times per role before the run fails (0 = fail the run at the first failure)"""
+    max_restarts: int = 5
+    """the restart budget, a rate: a role that fails (crash, kill, node failure, preemption) is resubmitted at once
+    from its state in the run directory, up to this many times per role within any restart_window_s; one more
+    failure in that window fails the run (0 = fail the run at the first failure)"""
+    restart_window_s: Optional[float] = 3600.0
+    """the window of the restart budget in seconds: restarts older than this no longer count (null = the whole run,
+    i.e. at most max_restarts restarts per role per run)"""
     restart_backoff_s: float = 2.0
-    """wait before a role's first restart; doubled for each further restart of the same role (at most 60 s)"""
+    """a failed role is restarted at once; one that fails again before it came up (no heartbeat since its start: a
+    crash loop) waits this long before its next restart, doubled for each further such failure (at most 60 s)"""
     detach: bool = False
     """submit a conductor job that runs the roles (restarts, stop, summary) and return at once; follow the run
     with `python -m prime_values.status <run_dir>`, stop it with `... status <run_dir> --stop` (rl stage only)"""
@@ -656,8 +661,10 @@ def _check_backend(cfg) -> None:
                           "with it (inference=vllm samples single-turn replies)")
 
 
-def validate(cfg, cuda_count: Optional[int] = None) -> None:
-    """Checks a type cannot express. Raises ConfigError with one sentence naming the key and what is allowed."""
+def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) -> None:
+    """Checks a type cannot express. Raises ConfigError with one sentence naming the key and what is allowed.
+    `environment=False` (`--cfg job`, composing for another machine) leaves out the checks of this machine: the
+    SLURM commands, installed backends and extras, data sets, directories, CUDA devices; they belong to the launch."""
     import difflib
 
     from omegaconf import DictConfig
@@ -704,6 +711,10 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     for key in non_negative:
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0")
+    window = cfg.launcher.restart_window_s
+    if window is not None and window <= 0:
+        raise ConfigError(f"launcher.restart_window_s={window} must be > 0 (seconds), or null to count restarts over "
+                          "the whole run")
     for key in ("log.keep_segments", "log.max_age_s"):
         if _get(cfg, key) is not None and _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0, or null to disable this retention rule")
@@ -730,10 +741,10 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     if not 0 <= cfg.critic.weight_average < 1:
         raise ConfigError(f"critic.weight_average={cfg.critic.weight_average} must be in [0, 1) (the decay of "
                           "the critic's weight average); use e.g. 0.95, or 0 for no average")
-    if cfg.launcher.name == "slurm":
+    if cfg.launcher.name == "slurm" and environment:
         _check_slurm(cfg.launcher)
     from_run = cfg.critic.warm_start.from_run
-    if from_run and not (Path(from_run) / "log" / "rollouts").is_dir():
+    if environment and from_run and not (Path(from_run) / "log" / "rollouts").is_dir():
         raise ConfigError(f"critic.warm_start.from_run={from_run!r} has no log/rollouts; point it at the run "
                           "directory of an earlier run (or leave it empty to sample fresh rollouts)")
 
@@ -741,11 +752,11 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
         return value.startswith(("/", "./", "../", "~")) or value in (".", "..")
 
     model = cfg.policy.model
-    if model != "tiny" and not Path(model).expanduser().is_dir() and (path_like(model) or "/" not in model):
+    if environment and model != "tiny" and not Path(model).expanduser().is_dir() and (path_like(model) or "/" not in model):
         raise ConfigError(f"policy.model={model!r} is neither 'tiny' nor an existing directory; give the path of a "
                           "from_pretrained directory, a hub id like 'Qwen/Qwen3-0.6B', or 'tiny'")
     init = cfg.critic.init
-    if init not in ("policy", "scratch") and not Path(init).expanduser().is_dir() and \
+    if environment and init not in ("policy", "scratch") and not Path(init).expanduser().is_dir() and \
             (path_like(init) or "/" not in init):
         raise ConfigError(f"critic.init={init!r} is neither 'policy', 'scratch' nor an existing directory; use "
                           "'policy', 'scratch' or the path of a saved critic")
@@ -763,7 +774,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
             raise ConfigError(f"critic.template={cfg.critic.template!r} must contain '{{privileged}}' and no other "
                               "'{...}' field; e.g. 'answer:{privileged}|', or '{privileged:<3}|' to pad it to 3 "
                               "characters (or set critic.privileged=false)")
-    if cfg.policy.attn_implementation == "flash_attention_2":
+    if cfg.policy.attn_implementation == "flash_attention_2" and environment:
         import importlib.util
 
         if importlib.util.find_spec("flash_attn") is None:
@@ -796,7 +807,8 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     if cfg.inference.group_size < 2 and cfg.advantage.estimator in ("grpo", "tether"):
         raise ConfigError(f"inference.group_size must be >= 2 for advantage={cfg.advantage.estimator} "
                           "(a group mean of one is the reward)")
-    _check_backend(cfg)
+    if environment:
+        _check_backend(cfg)
     workers = cfg.topology.inference_workers
     if cfg.inference.prompts_per_step % workers:
         raise ConfigError(f"inference.prompts_per_step={cfg.inference.prompts_per_step} must be divisible by "
@@ -808,7 +820,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
         raise ConfigError(f"replay.capacity={cfg.replay.capacity} is smaller than one critic batch "
                           f"(critic.batch_rollouts={cfg.critic.batch_rollouts}); raise replay.capacity or lower "
                           "critic.batch_rollouts")
-    if cfg.task.name == "math":
+    if cfg.task.name == "math" and environment:
         import importlib.util
 
         from prime_values.tasks.math import MathDataError, resolve_source
@@ -833,7 +845,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
         if cfg.inference.max_new_tokens <= cfg.task.max_chars:
             raise ConfigError(f"inference.max_new_tokens={cfg.inference.max_new_tokens} cannot hold a "
                               f"{cfg.task.max_chars}-character answer and its eos; raise it above task.max_chars")
-    if cfg.task.name == "verifiers":
+    if cfg.task.name == "verifiers" and environment:
         from prime_values.tasks.verifiers_env import VerifiersUnavailable, check_env_id
 
         try:
@@ -872,7 +884,7 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
                               f"(LoRA with FSDP is not supported yet)")
         import importlib.util
 
-        if importlib.util.find_spec("peft") is None:
+        if environment and importlib.util.find_spec("peft") is None:
             raise ConfigError(f"{role}.lora.enabled=true needs peft: pip install 'prime_values[lora]' "
                               "(or pip install -e '.[lora]' in a checkout)")
     w = cfg.critic.warmup
@@ -892,6 +904,8 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     from prime_values.wandb_sink import check_wandb
 
     check_wandb(cfg)
+    if not environment:
+        cuda_count = 1 << 16  # composing for another machine: any device index may exist there
     if cuda_count is None and os.environ.get("PRIME_VALUES_CUDA_COUNT", "").isdigit():
         cuda_count = int(os.environ["PRIME_VALUES_CUDA_COUNT"])  # compose for another machine (e.g. --cfg job)
     if cuda_count is None:

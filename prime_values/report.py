@@ -142,6 +142,10 @@ def write_report(run: RunDir | str | Path, summary: dict) -> Path:
 if __name__ == "__main__":
     import sys
 
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print("usage: python -m prime_values.report <run_dir | sweep_dir>\n\nWrites <run>/report/ (summary and "
+              "plots) for a run directory, or the one-row-per-point summary of a sweep (multirun) directory.")
+        sys.exit(0)
     if len(sys.argv) == 2 and not (Path(sys.argv[1]) / "config.yaml").exists():
         from prime_values.sweep import write_sweep_summary
 

@@ -75,13 +75,18 @@ def status(run_dir: str | Path) -> str:
     return "\n".join([head, *progress.lines(final=bool(ended)), "jobs:", *job_lines(run, cfg, bool(ended))])
 
 
+USAGE = "usage: python -m prime_values.status <run_dir> [--stop]"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE + "\n\n" + __doc__.strip())
+        return 0
     stop = "--stop" in argv
     argv = [a for a in argv if a != "--stop"]
     if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").exists():
-        print("usage: python -m prime_values.status <run_dir> [--stop]  (a directory holding config.yaml)",
-              file=sys.stderr)
+        print(USAGE + "  (a directory holding config.yaml)", file=sys.stderr)
         return 2
     if stop:  # the conductor (attached or a detached conductor job) sees it, stops every role, writes the summary
         RunDir(argv[0]).request_stop("stop requested by the user (prime_values.status --stop)")

@@ -50,8 +50,6 @@ def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int =
     one GPU when the role's device is a GPU. `tasks` > 1 (a multi-process trainer): that many tasks of one job
     (one node), each with its own GPU on a GPU device (locally the `tasks` GPUs from `device` on). `gpus`: the
     job's GPUs when not one per task (a tensor-parallel inference worker: one task, topology.inference_tp GPUs)."""
-    import submitit
-
     gpus = (tasks if gpus is None else gpus) if device.startswith("cuda") else 0
     if launcher.name == "slurm":
         from prime_values.launch.slurm import make_slurm_executor
@@ -61,7 +59,9 @@ def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int =
             constraint=launcher.constraint, extra_sbatch=dict(launcher.extra_sbatch), setup=list(launcher.setup),
             time_min=launcher.timeout_min, job_name=f"pv_{name}", gpus_per_node=gpus, tasks_per_node=tasks,
             cpus_per_task=launcher.cpus_per_task, mem_gb=launcher.mem_gb)
-    executor = submitit.LocalExecutor(folder=jobs_dir / name)
+    from prime_values.launch.local import LocalRoleExecutor
+
+    executor = LocalRoleExecutor(folder=jobs_dir / name)
     params = {"timeout_min": launcher.timeout_min, "tasks_per_node": tasks}
     if device.startswith("cuda:"):
         first = int(device.split(":")[1])

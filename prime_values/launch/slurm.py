@@ -151,3 +151,47 @@ def cancel_all(jobs: Mapping[str, submitit.Job] | Iterable[submitit.Job]) -> lis
     if ids:
         subprocess.run(["scancel", "--quiet", *ids], capture_output=True, timeout=60, check=False)
     return ids
+
+
+def _sacct_exit(job_id: str) -> tuple[str, str] | None:
+    """(State, ExitCode 'code:signal') of a job from accounting, None without it."""
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State,ExitCode", "-j", str(job_id)],
+                             capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        if "|" in line:
+            state, code = line.split("|", 1)
+            return state.split()[0].upper(), code.strip()
+    return None
+
+
+# the words for a SLURM end state that says why by itself
+STATE_CAUSES = {"PREEMPTED": "preempted", "OUT_OF_MEMORY": "out of memory", "TIMEOUT": "timeout",
+                "DEADLINE": "timeout", "NODE_FAIL": "node failure", "BOOT_FAIL": "node failure",
+                "CANCELLED": "cancelled", "REVOKED": "cancelled"}
+
+
+def exit_cause(job: submitit.Job) -> str | None:
+    """Why a finished SLURM role job ended, in words (None: it completed). Reads squeue/sacct and the job's files,
+    never submitit's result wait (15 s for a job that wrote no result)."""
+    from prime_values.launch.local import last_error_line, result_error, signal_name, _tail
+
+    state = job_states([job]).get(job.job_id, "UNKNOWN")
+    if state == "COMPLETED":
+        return None
+    if state in STATE_CAUSES:
+        return STATE_CAUSES[state]
+    code, sig = None, None
+    accounted = _sacct_exit(job.job_id)
+    if accounted:
+        state = accounted[0] if accounted[0] in STATE_CAUSES else state
+        if state in STATE_CAUSES:
+            return STATE_CAUSES[state]
+        first, _, second = accounted[1].partition(":")
+        code, sig = int(first or 0), int(second or 0)
+    if sig:
+        return signal_name(sig)
+    error = result_error(job.paths.result_pickle) or last_error_line(_tail(job.paths.stderr))
+    return f"exit code {code if code is not None else '?'}: " + (error or f"no error line in {job.paths.stderr}")

@@ -31,8 +31,9 @@ def plan(cfg) -> list[str]:
     return [cfg.stage] if cfg.get("stage") else list(cfg.stages)
 
 
-def validate_stages(cfg) -> None:
-    """Stage names and each stage's inputs, before any job starts; raises ConfigError (one line: key and fix)."""
+def validate_stages(cfg, environment: bool = True) -> None:
+    """Stage names and each stage's inputs, before any job starts; raises ConfigError (one line: key and fix).
+    `environment=False` (`--cfg job`): leave out what depends on this machine (the SFT data is there)."""
     from prime_values.config import ConfigError
 
     names = list(cfg.stages)
@@ -76,7 +77,7 @@ def validate_stages(cfg) -> None:
         if not 1 <= k <= ev.samples:
             raise ConfigError(f"eval.k contains {k}, but pass@k needs 1 <= k <= eval.samples={ev.samples}; raise "
                               f"eval.samples or drop {k}")
-    if "sft" in run:
+    if "sft" in run and environment:
         from prime_values.stages.sft import SFTDataError, check_source
 
         try:

@@ -1,0 +1,126 @@
+"""The controller of one local role job: `python -m prime_values.launch.controller <job folder>`.
+
+It replaces submitit's local controller (`submitit.local._local`) for the role jobs, with the same environment and
+file layout (the tasks are still `python -m submitit.core._submit <folder>`, so the role's function, its result
+pickle and its logs are submitit's), and three differences that make recovery fast:
+
+- it writes the tasks' exit state to `<folder>/<job id>_exit.json` the moment the job ends, and never waits
+  for a result pickle (submitit's controller polls 15 s for the pickle of a SIGKILLed task);
+- when one task of a multi-process trainer fails, it kills the other tasks at once (they would otherwise wait
+  in a collective until its timeout);
+- every task dies with the controller (PR_SET_PDEATHSIG): a killed controller leaves no orphan that could run
+  next to its replacement.
+
+Exit status: 0 when every task exited 0, else 1. Only the standard library is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 0.05
+GRACE_S = 3.0  # after a stop signal or the time limit: SIGINT, then SIGKILL after this long
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except Exception:  # noqa: BLE001 - not Linux: the conductor's kill_tree remains
+        pass
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data) + "\n")
+    os.replace(tmp, path)
+
+
+class Controller:
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.ntasks = int(os.environ["SUBMITIT_LOCAL_NTASKS"])
+        self.command = shlex.split(os.environ["SUBMITIT_LOCAL_COMMAND"])
+        self.timeout_s = int(os.environ["SUBMITIT_LOCAL_TIMEOUT_S"])
+        with_shell = bool(os.environ.get("SUBMITIT_LOCAL_WITH_SHELL"))
+        self.job_id = str(os.getppid() if with_shell else os.getpid())
+        self.tasks: list[subprocess.Popen] = []
+        self.signal_received: int | None = None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signal_received = signum
+        self._send(signum)
+
+    def _send(self, signum: int) -> None:
+        for task in self.tasks:
+            if task.poll() is None:
+                try:
+                    task.send_signal(signum)
+                except OSError:
+                    pass
+
+    def start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for k in range(self.ntasks):
+            env = {**os.environ, "SUBMITIT_LOCAL_LOCALID": str(k), "SUBMITIT_LOCAL_GLOBALID": str(k),
+                   "SUBMITIT_LOCAL_JOB_ID": self.job_id}
+            out = open(self.folder / f"{self.job_id}_{k}_log.out", "a")  # submitit's JobPaths names
+            err = open(self.folder / f"{self.job_id}_{k}_log.err", "a")
+            self.tasks.append(subprocess.Popen(self.command, env=env, stdout=out, stderr=err,
+                                               preexec_fn=_die_with_parent))
+            out.close()
+            err.close()
+
+    def wait(self) -> dict:
+        """Until every task ended, or one failed (the others are then ended), or the time limit passed."""
+        began, timeout, stop_at = time.time(), False, None
+        while True:
+            codes = [t.poll() for t in self.tasks]
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                break
+            if self.signal_received is not None and stop_at is None:
+                stop_at = time.time() + GRACE_S * 3
+            if stop_at is not None and time.time() > stop_at:
+                break
+            if time.time() - began > self.timeout_s:
+                timeout = True
+                break
+            time.sleep(POLL_S)
+        failed = next((k for k, c in enumerate(codes) if c not in (None, 0)), None)
+        ended_at = time.time()
+        if failed is not None:  # one rank is gone: the others' work is lost with it, end them now
+            self._send(signal.SIGKILL)
+        if any(t.poll() is None for t in self.tasks):
+            self._send(signal.SIGINT)  # submitit's task process ignores SIGTERM ("bypassing signal")
+            deadline = time.time() + GRACE_S
+            while any(t.poll() is None for t in self.tasks) and time.time() < deadline:
+                time.sleep(POLL_S)
+            self._send(signal.SIGKILL)
+        for task in self.tasks:
+            task.wait()
+        return {"codes": codes, "final": [t.returncode for t in self.tasks], "failed_task": failed,
+                "timeout": timeout, "signal": self.signal_received, "ended_at": ended_at}
+
+    def run(self) -> int:
+        self.start()
+        state = self.wait()
+        _write_json(self.folder / f"{self.job_id}_exit.json", state)
+        return 0 if all(c == 0 for c in state["final"]) and not state["timeout"] else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print("usage: python -m prime_values.launch.controller <job folder>  (started by the conductor)",
+              file=sys.stderr)
+        sys.exit(0 if "--help" in sys.argv or "-h" in sys.argv else 2)
+    sys.exit(Controller(Path(sys.argv[1])).run())

@@ -1,0 +1,161 @@
+"""Local role jobs: submitit's local executor with our controller (`prime_values.launch.controller`), and the
+cause of a job's end read from its exit state.
+
+A `LocalRoleJob` answers `exit_cause()` without waiting: the controller's own return code (a killed controller),
+else the `<job id>_exit.json` it wrote when the job ended (each task's exit code or signal, a time limit), and
+for a task that exited with an error the last line of its traceback (its result pickle, else its log). It never
+calls submitit's `exception()`/`result()`, which poll up to `Job._results_timeout_s` (15 s) for the result
+pickle that a SIGKILLed task never writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import submitit
+from submitit.local.local import LocalJob
+
+_ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL|FATAL)\b")
+_TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[,.]\d+ ")  # logging's asctime
+
+
+def signal_name(number: int) -> str:
+    return f"killed by signal {number}" + (f" ({signal.Signals(number).name})" if number != 9 and
+                                           number in signal.Signals._value2member_map_ else "")
+
+
+def oom_kills() -> int | None:
+    """The kernel's OOM-kill counter of this machine's memory cgroup (v2 memory.events, v1 memory.oom_control)."""
+    for path, key in (("/sys/fs/cgroup/memory.events", "oom_kill"),
+                      ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")):
+        try:
+            for line in Path(path).read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def last_error_line(text: str) -> str | None:
+    """The error a log or traceback ends with: the last line of its last traceback, else its last ERROR line."""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    last_tb = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
+                  default=None)
+    if last_tb is not None:
+        # the exception line: the first unindented line after the frames ("ValueError: ...")
+        for line in lines[last_tb + 1:]:
+            if not line.startswith((" ", "\t")):
+                return line.strip()
+    errors = [_TIMESTAMP.sub("", line.strip()) for line in lines if _ERROR_LINE.search(line)]
+    return errors[-1] if errors else None
+
+
+def _tail(path: Path, size: int = 65536) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def result_error(path: Path) -> str | None:
+    """The error line of a submitit result pickle that holds ("error", traceback); None otherwise."""
+    try:
+        with path.open("rb") as f:
+            outcome, payload = pickle.load(f)[:2]
+    except Exception:  # noqa: BLE001 - missing, torn or foreign: no answer
+        return None
+    return last_error_line(str(payload)) if outcome == "error" else None
+
+
+def task_error(folder: Path, job_id: str, task: int) -> str | None:
+    return (result_error(folder / f"{job_id}_{task}_result.pkl")
+            or last_error_line(_tail(folder / f"{job_id}_{task}_log.err")))
+
+
+class LocalRoleJob(LocalJob):
+    """A local job whose end is read from its controller at once (see the module docstring)."""
+
+    started_at: float = 0.0
+    oom_at_start: int | None = None
+
+    @property
+    def exit_file(self) -> Path:
+        return self.paths.folder / f"{self.job_id}_exit.json"
+
+    def exit_cause(self) -> tuple[bool, str | None]:
+        """(ended, cause): (False, None) while running; (True, None) when every task exited 0; else (True, the
+        cause in words: 'killed by signal 9', 'exit code 1: ValueError: ...', 'timeout', 'out of memory')."""
+        if self._process is None:  # a job of another process (unpickled): only its files
+            if not self.exit_file.exists():
+                return (self.paths.result_pickle.exists(), None)
+            code = None
+        else:
+            code = self._process.poll()
+            if code is None:
+                return False, None
+            if code < 0:  # the controller itself was killed; its tasks die with it (PR_SET_PDEATHSIG)
+                return True, self._signal_cause(-code)
+        try:
+            state = json.loads(self.exit_file.read_text())
+        except (OSError, ValueError):
+            return True, None if code == 0 else f"exit code {code}: the job controller ended without an exit state " \
+                f"(log: {self.paths.stderr})"
+        if state.get("timeout"):
+            return True, "timeout"
+        if state.get("signal") is not None and any(c != 0 for c in state["final"]):
+            return True, f"cancelled (signal {state['signal']} to its controller)"
+        failed = state.get("failed_task")
+        if failed is None:
+            return True, None
+        task_code = state["codes"][failed]
+        if task_code < 0:
+            return True, self._signal_cause(-task_code)
+        error = task_error(self.paths.folder, self.job_id, failed)
+        rank = f" (process {failed} of {len(state['codes'])})" if len(state["codes"]) > 1 else ""
+        return True, f"exit code {task_code}{rank}: " + (error or f"no error line in {self.paths.stderr}")
+
+    def _signal_cause(self, number: int) -> str:
+        now = oom_kills()
+        if number == signal.SIGKILL and now is not None and self.oom_at_start is not None and now > self.oom_at_start:
+            return "out of memory (killed by signal 9)"
+        return signal_name(number)
+
+
+class LocalRoleExecutor(submitit.LocalExecutor):
+    """submitit's LocalExecutor, whose jobs run under prime_values.launch.controller."""
+
+    job_class = LocalRoleJob
+
+    def _submit_command(self, command: str) -> LocalRoleJob:
+        ntasks = self.parameters.get("tasks_per_node", 1)
+        n_gpus = self.parameters.get("gpus_per_node", 0)
+        visible = self.parameters.get("visible_gpus", ())
+        gpus = range(n_gpus) if visible == () else visible[:n_gpus]
+        env = {**os.environ, "SUBMITIT_LOCAL_NTASKS": str(ntasks), "SUBMITIT_LOCAL_COMMAND": command,
+               "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * self.parameters.get("timeout_min", 2.0))),
+               "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(self.parameters.get("signal_delay_s", 30))),
+               "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_STDERR_TO_STDOUT": "",
+               "SUBMITIT_EXECUTOR": "local", "CUDA_VISIBLE_DEVICES": ",".join(str(k) for k in gpus),
+               "SUBMITIT_LOCAL_WITH_SHELL": "1" if self.parameters.get("setup") else ""}
+        # the job folder ends the command line, as with submitit's controller (prime_values.chaos finds roles by it)
+        cmd: list[str] | str = [sys.executable, "-m", "prime_values.launch.controller", str(self.folder)]
+        if self.parameters.get("setup"):
+            cmd = " && ".join([*self.parameters["setup"], shlex.join(cmd)])
+        oom = oom_kills()
+        process = subprocess.Popen(cmd, shell=isinstance(cmd, str), env=env)
+        job = LocalRoleJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
+        job.started_at, job.oom_at_start = time.time(), oom
+        return job
