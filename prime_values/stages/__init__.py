@@ -158,6 +158,7 @@ def run_stages(cfg) -> dict:
         print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
     run = RunDir(HydraConfig.get().runtime.output_dir)
+    _prepare_model(cfg)
     signal.signal(signal.SIGTERM, _terminate)
     model, upstream, records = cfg.policy.model, None, {}
     try:
@@ -194,6 +195,28 @@ def run_stages(cfg) -> dict:
     if len(plan(cfg)) > 1 or plan(cfg) != ["rl"]:
         print("stages: " + "; ".join(f"{n} done" for n in records), flush=True)
     return records
+
+
+def _prepare_model(cfg) -> None:
+    """Before any job starts: a GGUF policy.model becomes its converted from_pretrained directory (converted once
+    into policy.cache_dir, prime_values.gguf), so every stage and role, and `${policy.model}` wherever the config
+    interpolates it, see a plain directory; and a local model's token budgets are checked against its tokenizer
+    and the task's prompts (prime_values.budget). Bad input exits with one line."""
+    from prime_values.budget import BudgetError, check_run_budget
+    from prime_values.gguf import GGUFError, is_gguf, prepare
+
+    try:
+        if is_gguf(cfg.policy.model):
+            cfg.policy.model = prepare(cfg.policy.model, cfg.policy.cache_dir)
+            print(f"policy.model: {cfg.policy.model}", flush=True)
+        budget = check_run_budget(cfg)
+    except (GGUFError, BudgetError) as error:
+        print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    if budget is not None:
+        print(f"token budget: longest prompt {budget['longest_prompt']}, privileged block {budget['longest_block']}, "
+              f"prompt + block + inference.max_new_tokens = {budget['full_trace']} (critic.max_length="
+              f"{cfg.critic.max_length})", flush=True)
 
 
 def _run_sft(run, cfg, model, upstream, key) -> dict:
