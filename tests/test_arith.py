@@ -79,7 +79,9 @@ def test_min_digits_gives_each_operand_length_an_equal_share():
     task = ArithTask(digits=3, min_digits=1)
     lengths = [len(s) for p in task.sample(random.Random(0), 3000) for s in p.prompt[:-1].split("+")]
     shares = [lengths.count(d) / len(lengths) for d in (1, 2, 3)]
-    assert all(abs(s - 1 / 3) < 0.03 for s in shares), shares  # uniform values would give 0.01 / 0.09 / 0.90
+    # uniform values would give 0.01 / 0.09 / 0.90; an equal share has sd sqrt(p(1-p)/n) = 0.006 over the 6,000
+    # operands of 3,000 prompts, so 0.03 is 5 sd (and the sample is seeded: Python's random is the same everywhere)
+    assert all(abs(s - 1 / 3) < 0.03 for s in shares), shares
     assert task.space_size == 1000 ** 2 and ArithTask(digits=3, min_digits=2).space_size == 990 ** 2
     two_three = ArithTask(digits=3, min_digits=2).sample(random.Random(1), 500)
     assert all(len(s) in (2, 3) for p in two_three for s in p.prompt[:-1].split("+"))

@@ -49,6 +49,7 @@ def test_to_table_validates_keys_and_roundtrips():
         to_table("rollout", [r])
     back = to_rows(to_table("rollouts", [r]))[0]
     assert back.keys() == r.keys() and back["token_ids"] == r["token_ids"]
+    # stored as float32: a Python float comes back within half an ulp, 2^-24 = 6e-8 relative
     np.testing.assert_allclose(back["sampling_logprobs"], r["sampling_logprobs"], rtol=1e-6)
     # numpy arrays are accepted as per-token fields
     row = dict(rollout_id="a", critic_version=3, values=np.ones(4, np.float32), cut=False, scored_at=1.0,

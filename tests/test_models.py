@@ -89,12 +89,15 @@ def test_critic_from_policy_shares_backbone(tok, policy_dir, tmp_path):
     with torch.no_grad():
         v = critic_values(critic, x, mask)
         assert v.shape == (2, 9)
-        # causal: values at a position do not depend on later tokens
+        # causal: values at a position do not depend on later tokens. Same shapes, and later tokens reach earlier
+        # positions only through attention weights that are exactly 0 (exp(-inf)), so the same float32 operations:
+        # equal in practice; 1e-6 is a margin of tens of ulp for values of this init (|v| < 0.1), while a leak of a
+        # later token moves a value by that token's whole contribution
         x2 = x.clone()
         x2[:, 5:] = 7
         assert torch.allclose(critic_values(critic, x2, mask)[:, :5], v[:, :5], atol=1e-6)
     save_model(critic, tok, tmp_path)
-    with torch.no_grad():
+    with torch.no_grad():  # the same weights (safetensors is exact) and inputs: the same numbers, 1e-6 a margin
         assert torch.allclose(critic_values(load_critic(tmp_path), x, mask), v, atol=1e-6)
     fresh = build_critic(None, tok, seed=3, **SMALL)
     assert not torch.equal(fresh.model.embed_tokens.weight, critic.model.embed_tokens.weight)
@@ -136,6 +139,10 @@ def test_sample_logprobs_match_teacher_forcing(tok, policy_dir, temperature):
                                   [c.response_ids for c in comps], temperature, tok.pad_token_id)
     for c, r in zip(comps, ref):
         assert len(c.logprobs) == len(c.response_ids) >= 1
+        # KV-cached decoding vs one full forward: other shapes, the same math. A GEMM of inner dimension K rounds an
+        # output by at most K eps32 of the sum of its |terms|; 2 blocks of K <= 128 give 2 * 128 * 1.19e-7 = 3e-5 of
+        # logits that are O(1) or less for this init (typically sqrt(K) eps32, ~1e-6). A temperature or position
+        # error moves logprobs by > 1e-2
         assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(r), atol=1e-4)
         assert all(lp <= 0 for lp in c.logprobs)
     # same seed -> same samples; a different seed -> different samples
@@ -167,7 +174,7 @@ def test_stop_reasons_and_truncation_after_eos(tok, policy_dir):
     try:
         comps = sample(model, prompts, 4, 6, 1.0, eos, pad, seed=0)
         assert all(c.stop_reason == "eos" and c.response_ids == [eos] for c in comps)
-        assert all(abs(c.logprobs[0]) < 1e-4 for c in comps)
+        assert all(abs(c.logprobs[0]) < 1e-4 for c in comps)  # log(1 - ~exp(-1e4)): 0 in float32
     finally:
         handle.remove()
     handle = _biased(model, eos, 3.0)  # mixed lengths within one batch
@@ -183,7 +190,7 @@ def test_stop_reasons_and_truncation_after_eos(tok, policy_dir):
         assert (c.stop_reason == "eos") == (c.response_ids[-1] == eos)
         assert eos not in c.response_ids[:-1]
         assert c.stop_reason == "eos" or len(c.response_ids) == 12
-        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(r), atol=1e-4)
+        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(r), atol=1e-4)  # as in the test above
 
 
 def test_greedy_is_deterministic_and_batch_independent(tok, policy_dir):

@@ -72,7 +72,7 @@ def test_batch_metrics_report_critic_health_worked_by_hand():
 
     m = batch_metrics(3, [group], newest_critic=5, provenance=Provenance())
     # targets 1,1,1 and 0,0,0 against a flat 0.5: residuals ±0.5 have the targets' own variance -> EV = 0
-    assert m["critic_explained_variance"] == pytest.approx(0.0, abs=1e-6)
+    assert m["critic_explained_variance"] == pytest.approx(0.0, abs=1e-6)  # 1 - 0.25 / 0.25 of float32 sums of 6
     assert m["value_first_mean"] == pytest.approx(0.5) and m["return_first_mean"] == pytest.approx(0.5)
     assert (m["advantage_mean"], m["advantage_abs_mean"], m["advantage_positive"]) == pytest.approx((0, .5, .5))
     assert (m["critic_version_lag_mean"], m["critic_version_lag_max"]) == (1.5, 2)  # 5-3 and 5-4

@@ -65,7 +65,7 @@ def test_documented_code_runs_and_agrees(tmp_path_factory, monkeypatch, capsys):
     pa_rates = dict(zip(ns["pass_rates"]["prompt_id"].to_pylist(), ns["pass_rates"]["passed_mean"].to_pylist()))
     hf_rates = ns["hf_pass_rates"].to_dict()
     assert pa_rates.keys() == hf_rates.keys()
-    assert all(abs(pa_rates[p] - hf_rates[p]) < 1e-12 for p in pa_rates)
+    assert all(abs(pa_rates[p] - hf_rates[p]) < 1e-12 for p in pa_rates)  # float64 means of a few 0/1 values
     assert sum(ns["pass_rates"]["passed_count"].to_pylist()) == table.num_rows
     assert sum(rate * n for rate, n in zip(ns["pass_rates"]["passed_mean"].to_pylist(),
                                            ns["pass_rates"]["passed_count"].to_pylist())) == \
