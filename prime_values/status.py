@@ -45,7 +45,20 @@ def local_state(run: RunDir, name: str, job_id: str, ended: bool) -> str:
 
 def job_lines(run: RunDir, cfg, ended: bool) -> list[str]:
     jobs = role_jobs(run)
-    if cfg.launcher.name == "slurm":
+    if cfg.launcher.name == "slurm" and "pipeline" in jobs:
+        # one allocation: the pipeline job's SLURM state; its roles are srun steps (an exit state once ended)
+        import submitit
+
+        from prime_values.launch.slurm import job_states
+
+        pipeline = job_states({"pipeline": submitit.SlurmJob(folder=run.jobs / "pipeline",
+                                                             job_id=jobs["pipeline"])})["pipeline"]
+        states = {"pipeline": pipeline}
+        for name, job_id in jobs.items():
+            if name != "pipeline":
+                states[name] = "COMPLETED" if run.done_file(name).exists() else \
+                    "ENDED" if (run.jobs / name / f"{job_id}_exit.json").exists() or pipeline != "RUNNING" else "RUNNING"
+    elif cfg.launcher.name == "slurm":  # a run of the sft/eval stages: their jobs are sbatch jobs
         import submitit
 
         from prime_values.launch.slurm import job_states
@@ -70,7 +83,13 @@ def status(run_dir: str | Path) -> str:
     progress.started = min(times, default=progress.started)
     if ended:  # elapsed up to the last metric, not up to now
         progress.clock = lambda: max(times, default=progress.started)
-    head = f"run {run.root} ({cfg.launcher.name}): " + (f"ended, {ended}" if ended else "running") + \
+    queued = None
+    if cfg.launcher.name == "slurm" and not ended and "pipeline" in role_jobs(run):
+        from prime_values.launch.slurm import queued_line
+
+        queued = queued_line(role_jobs(run)["pipeline"])  # "queued: 7 CPUs on partition debug (job 12: Resources)"
+    state = f"ended, {ended}" if ended else queued or "running"
+    head = f"run {run.root} ({cfg.launcher.name}): {state}" + \
         ("; stop requested" if run.stop_requested() and not ended else "")
     return "\n".join([head, *progress.lines(final=bool(ended)), "jobs:", *job_lines(run, cfg, bool(ended))])
 

@@ -45,8 +45,8 @@ def _log_error_and_exit() -> None:
     os._exit(3)
 
 
-def _submit(tmp_path: Path, fn, tasks: int = 1, *args):
-    executor = LocalRoleExecutor(folder=tmp_path / fn.__name__)
+def _submit(tmp_path: Path, fn, tasks: int = 1, *args):  # jobs/<fn name>: as a role job folder
+    executor = LocalRoleExecutor(folder=tmp_path / "jobs" / fn.__name__)
     executor.update_parameters(timeout_min=5, tasks_per_node=tasks)
     return executor.submit(fn, *args)
 
@@ -208,9 +208,40 @@ def test_every_tool_answers_help():
 
 
 def test_cfg_job_prints_a_slurm_config_without_sbatch(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    env["PATH"] = ":".join(p for p in [str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    # a PATH with no SLURM commands (the local cluster of tests/test_slurm.py may have installed them)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "PATH": str(Path(sys.executable).parent)}
     result = subprocess.run([sys.executable, "-m", "prime_values", "+experiment=arith", "launcher=slurm",
                              "--cfg", "job"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
     assert result.returncode == 0, result.stderr
     assert "name: slurm" in result.stdout
+
+
+def test_jobs_forked_from_the_fork_server(tmp_path):
+    """launcher.fork_server: the job runs in a process forked from the pre-imported server (no fresh interpreter),
+    with the same exit causes, the run directory on its command line, and nothing left when the server closes."""
+    from prime_values.launch import local
+    from prime_values.launch.zygote import ZygoteClient, ZygoteJob
+
+    server = ZygoteClient(tmp_path)
+    try:
+        assert server.ready(wait_s=120), "the fork server did not come up"
+        local.FORK_SERVER = server
+        job = _submit(tmp_path, _raise)
+        assert isinstance(job._process, ZygoteJob)
+        took, cause = _wait_end(job)
+        assert cause == "exit code 1: ValueError: the answer column is missing" and took < 5, (cause, took)
+        job = _submit(tmp_path, _sleep, 1, 120.0)
+        deadline = time.time() + 10
+        while not (tasks := descendants(int(job.job_id))) and time.time() < deadline:
+            time.sleep(0.02)
+        assert tasks and str(tmp_path) in open(f"/proc/{tasks[0]}/cmdline").read().replace("\0", " ")
+        from prime_values.chaos import role_pids
+
+        assert set(role_pids(tmp_path, "_sleep")) >= {int(job.job_id), *tasks}
+        os.kill(tasks[0], signal.SIGKILL)
+        took, cause = _wait_end(job)
+        assert cause == "killed by signal 9" and took < 1.0, (cause, took)
+    finally:
+        local.FORK_SERVER = None
+        server.close()
+    assert server.process.poll() is not None
