@@ -245,3 +245,44 @@ def test_jobs_forked_from_the_fork_server(tmp_path):
         local.FORK_SERVER = None
         server.close()
     assert server.process.poll() is not None
+
+
+class _EndedJob(_FakeJob):
+    def __init__(self, cause):
+        super().__init__()
+        self.cause = cause
+
+    def exit_cause(self):
+        return True, self.cause
+
+    def done(self):
+        return True
+
+
+def test_roles_ending_after_a_stop_request_are_not_restarted(tmp_path, capsys):
+    from prime_values.conductor import StopRequested
+
+    fleet, job, launched = _fleet(tmp_path)
+    job.job = _EndedJob(None)  # it exited cleanly because it was told to stop
+    fleet.run.request_stop("stop requested by the user")
+    with pytest.raises(StopRequested):
+        fleet.check()
+    assert not launched and "restarting" not in capsys.readouterr().out
+
+
+def test_every_dead_role_is_restarted_in_one_pass_and_the_trainer_end_wins(tmp_path, capsys):
+    from prime_values.conductor import RoleJob
+
+    fleet, job, launched = _fleet(tmp_path)
+    job.job = _EndedJob("killed by signal 9")
+    other = RoleJob("evaluator", "evaluator", _EndedJob("exit code 1: RuntimeError: x"))
+    fleet.jobs.append(other)
+    assert fleet.check() is None and len(launched) == 2  # both resubmitted in the same pass
+    out = capsys.readouterr().out
+    assert "role inference0 failed: killed by signal 9" in out and "role evaluator failed: exit code 1" in out
+    trainer = RoleJob("policy_trainer", "policy_trainer", _EndedJob(None))
+    fleet.jobs.append(trainer)
+    fleet.run.done_file("policy_trainer").parent.mkdir(parents=True, exist_ok=True)
+    fleet.run.done_file("policy_trainer").write_text("{}")
+    assert fleet.check() is trainer  # the run's end: nothing else is restarted with it
+    assert len(launched) == 2

@@ -163,6 +163,8 @@ class LocalRoleExecutor(submitit.LocalExecutor):
             cmd = " && ".join([*self.parameters["setup"], shlex.join(cmd)])
         prefix = getattr(self, "step_prefix", None)
         if prefix:  # a step of the pipeline's SLURM allocation (prime_values.launch.slurm.step_command)
+            if any(p.startswith("--gpus=") for p in prefix):
+                env.pop("CUDA_VISIBLE_DEVICES")  # slurmstepd sets the step's own GPUs
             inner = shlex.join([*prefix, *cmd]) if isinstance(cmd, list) else \
                 shlex.join(prefix) + " bash -c " + shlex.quote(cmd)
             # the job id is the pid of this shell, which becomes srun: the controller on the node learns it here
