@@ -179,6 +179,27 @@ def test_a_pipeline_too_big_for_the_partition_fails_in_one_line(slurm, tmp_path)
     assert not (tmp_path / "run").exists()
 
 
+def test_a_queued_pipeline_says_so(slurm, tmp_path):
+    """The node is busy: the pipeline's one job waits whole (nothing of it runs), and status says why."""
+    cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
+    hog = subprocess.run(["sbatch", "--parsable", f"--cpus-per-task={cpus}", "--mem=100M", "--wrap", "sleep 120"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    run_dir = tmp_path / "run"
+    try:
+        result = cli(*PIPELINE, "launcher.detach=true", f"hydra.run.dir={run_dir}", timeout=120)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        from prime_values.status import status
+
+        deadline = time.monotonic() + 20
+        while "queued:" not in (shown := status(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "queued: 2 CPUs on partition debug" in shown and "Resources" in shown, shown
+        assert not list((run_dir / "jobs").glob("warm_start/*_submitted.pkl"))  # no role started
+    finally:
+        job = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        subprocess.run(["scancel", hog, *job], check=False)
+
+
 def test_launcher_slurm_config_is_checked_against_the_cluster(slurm):
     from prime_values.__main__ import precheck
 
