@@ -225,6 +225,13 @@ def _allocation_main(run_dir: str) -> dict:
 
     os.environ[ALLOCATION_ENV] = "1"
     signal.signal(signal.SIGTERM, _terminate_gracefully)  # scancel / the end of the time limit: stop the roles
+    run = RunDir(run_dir)
+    try:  # the stop the conductor of a lost allocation asked for is not the user's: this allocation resumes
+        asked = json.loads(run.stop_file.read_text()).get("reason", "") if run.stop_requested() else None
+    except (OSError, ValueError):
+        asked = ""
+    if asked is not None and "user" not in asked and asked != "stopped":
+        run.stop_file.unlink(missing_ok=True)
     try:
         return drive(run_dir)
     except SystemExit as exit_:  # a failed run: the job fails with it, the summary is in the run directory
