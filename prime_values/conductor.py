@@ -226,10 +226,7 @@ def _allocation_main(run_dir: str) -> dict:
     os.environ[ALLOCATION_ENV] = "1"
     signal.signal(signal.SIGTERM, _terminate_gracefully)  # scancel / the end of the time limit: stop the roles
     run = RunDir(run_dir)
-    try:  # the stop the conductor of a lost allocation asked for is not the user's: this allocation resumes
-        asked = json.loads(run.stop_file.read_text()).get("reason", "") if run.stop_requested() else None
-    except (OSError, ValueError):
-        asked = ""
+    asked = _stop_reason(run)  # the stop the conductor of a lost allocation asked for is not the user's: resume
     if asked is not None and "user" not in asked and asked != "stopped":
         run.stop_file.unlink(missing_ok=True)
     try:
@@ -240,7 +237,18 @@ def _allocation_main(run_dir: str) -> dict:
         raise
 
 
+def _stop_reason(run: RunDir) -> str | None:
+    """The reason in the run's stop file ('' when unreadable), None when there is none."""
+    if not run.stop_requested():
+        return None
+    try:
+        return str(json.loads(run.stop_file.read_text()).get("reason", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
 LOST = {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}  # the allocation was lost, not the run: requeue and resume
+LOST_GRACE_S = 30.0  # how long a lost job may take to be requeued by SLURM itself before it is resubmitted
 
 
 def submit_pipeline(run: RunDir, cfg) -> dict:
@@ -268,7 +276,7 @@ def submit_pipeline(run: RunDir, cfg) -> dict:
               f"  stop it:    python -m prime_values.status {run.root} --stop", flush=True)
         return {"status": "detached", "run_dir": str(run.root), "conductor_job": str(job.job_id)}
     resubmits: list[float] = []
-    shown_queue, reason = None, None
+    shown_queue, reason, lost_since = None, None, None
     try:
         while True:
             state = job_states([job]).get(job.job_id, "UNKNOWN")
@@ -283,7 +291,9 @@ def submit_pipeline(run: RunDir, cfg) -> dict:
                     (run.root / "control" / "queued").unlink(missing_ok=True)
                     shown_queue = None
                 progress.show()
-            if state in LOST:
+            lost_since = (lost_since or time.time()) if state in LOST else None
+            if state in LOST and time.time() - lost_since >= LOST_GRACE_S:  # SLURM did not requeue it (--requeue)
+                cancel_all([job])  # never two allocations on one run directory
                 now = time.time()
                 window = launcher.restart_window_s
                 resubmits = [t for t in resubmits if window is None or now - t < window]
@@ -291,6 +301,7 @@ def submit_pipeline(run: RunDir, cfg) -> dict:
                     reason = f"the pipeline's allocation was lost ({state}) after {len(resubmits)} resubmissions"
                     break
                 resubmits.append(now)
+                lost_since = None
                 job = executor.submit(_allocation_main, str(run.root))
                 print(f"\nprime_values: the pipeline's allocation was lost ({state}); resubmitted as job "
                       f"{job.job_id}: the run resumes from its run directory", flush=True)
@@ -299,11 +310,12 @@ def submit_pipeline(run: RunDir, cfg) -> dict:
                 if state != "COMPLETED":
                     reason = f"the pipeline job {job.job_id} ended {state} (log: {job.paths.stderr})"
                 break
-            if run.stop_requested():
+            if _stop_reason(run) and "user" in _stop_reason(run):  # not the stop of a lost allocation's conductor
                 raise StopRequested(f"stop requested through {run.stop_file}")
             time.sleep(max(cfg.launcher.poll_s, 1.0))
     except (KeyboardInterrupt, StopRequested) as stop:
-        run.request_stop("interrupted by the user" if isinstance(stop, KeyboardInterrupt) else str(stop))
+        if isinstance(stop, KeyboardInterrupt):  # (a StopRequested: the user's stop file is there already)
+            run.request_stop("interrupted by the user")
         deadline = time.time() + cfg.launcher.stop_grace_s + 30
         while time.time() < deadline and job_states([job]).get(job.job_id) not in (
                 "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
