@@ -65,6 +65,11 @@ class ForkedTask:
                     os.dup2(target, fd)
                     os.close(target)
                 sys.argv = ["submitit-task", str(folder)]
+                import random
+
+                random.seed()  # fresh unseeded state, as a new interpreter has (the fork copied the server's)
+                if "numpy" in sys.modules:
+                    sys.modules["numpy"].random.seed()
                 pickle = folder / f"{job_id}_submitted.pkl"
                 deadline = time.time() + 60
                 while not pickle.exists() and time.time() < deadline:  # submitit renames it in right after the start
