@@ -1,6 +1,8 @@
 """The conductor: the Hydra main process. Prepares the run directory, submits the roles as submitit jobs,
-shows live progress, stops every role when the policy trainer reaches its last step (or when a role fails),
-and ends with a summary.
+shows live progress, restarts a role that dies (at once, within a budget per time window), stops every role when
+the policy trainer reaches its last step (or when a role fails for good), and ends with a summary. With
+launcher=slurm it submits the whole pipeline as one sbatch job instead, follows it, and the conductor inside that
+allocation runs the roles as srun steps (`submit_pipeline`).
 
 Roles never talk to the conductor: it reads what they write (metrics, heartbeats, done markers) and
 asks them to stop through the control file they all poll.

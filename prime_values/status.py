@@ -3,8 +3,9 @@
 Prints the view the conductor shows (`prime_values.live`: policy step and ETA, reward, held-out accuracy,
 critic version and explained variance, off-policy lag, replay, each role's state and throughput), then one
 line per role job: its job id and state. Works for a run in progress, a finished one, and one whose conductor
-is gone: local jobs are looked up by pid (a local job's id is its pid), SLURM jobs through squeue/sacct
-(`prime_values.launch.slurm.job_states`).
+is gone: local jobs are looked up by pid (a local job's id is its pid); with launcher=slurm the pipeline's one job
+through squeue/sacct (`prime_values.launch.slurm.job_states`; while it is pending the first line says so: "queued:
+7 CPUs on partition debug (job 12: Resources)"), and its roles (srun steps) from their exit state files.
 """
 
 from __future__ import annotations
