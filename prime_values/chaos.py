@@ -25,21 +25,31 @@ from prime_values.rundir import RunDir
 ROLES = ("inference0", "evaluator", "orchestrator", "policy_trainer", "value_trainer")
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return []
+
+
 def role_pids(run_dir: Path, name: str) -> list[int]:
-    """Processes of one role job: submitit starts it with its job folder (`<run>/jobs/<name>`) on the command
-    line; the folder name ends the path, so 'inference0' never matches 'inference01'."""
+    """Processes of one role job. A job started as a fresh process has its job folder (`<run>/jobs/<name>`) on
+    its command line (the folder name ends the path, so 'inference0' never matches 'inference01'); one forked
+    from the run's fork server (launcher.fork_server) has the server's command line, which names the run
+    directory: it is found as the newest job id of the folder (a controller pid) and that pid's descendants."""
+    from prime_values.launch import descendants
+
     marker = str(run_dir / "jobs" / name)
     found = []
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a.decode(errors="replace").rstrip("/") == marker for a in args):
+        if proc.name.isdigit() and any(a.rstrip("/") == marker for a in _cmdline(int(proc.name))):
             found.append(int(proc.name))
-    return found
+    pickles = sorted((run_dir / "jobs" / name).glob("*_submitted.pkl"), key=lambda p: p.stat().st_mtime)
+    if pickles and pickles[-1].name.split("_")[0].isdigit():
+        pid = int(pickles[-1].name.split("_")[0])
+        if not (run_dir / "jobs" / name / f"{pid}_exit.json").exists() and str(run_dir) in " ".join(_cmdline(pid)):
+            found += [pid, *descendants(pid)]
+    return sorted(set(found))
 
 
 def kill_role(run_dir: Path, name: str) -> bool:
@@ -59,6 +69,31 @@ def policy_step(run_dir: Path) -> int:
         return 0
 
 
+# what a role's metrics line says when it has produced something: a rollout segment, scored values, a batch, a
+# policy step, a critic step (each role logs such a line right after publishing it)
+OUTPUT_KEYS = {"inference": "chunk", "evaluator": "scored", "orchestrator": "step", "policy_trainer": "lr",
+               "value_trainer": "critic_step"}
+
+
+def recovery_times(run_dir: Path, killed: list[dict]) -> list[float | None]:
+    """For each kill ({"role", "at"}), seconds from the kill to the killed role's first output after it (its
+    first segment, batch, policy or critic step, from its metrics file); None when it produced none before the
+    run ended."""
+    times = []
+    for kill in killed:
+        key = OUTPUT_KEYS.get(kill["role"].rstrip("0123456789"))
+        path = Path(run_dir) / "metrics" / f"{kill['role']}.jsonl"
+        lines = []
+        for line in (path.read_text(errors="replace").splitlines() if key and path.exists() else []):
+            try:
+                lines.append(json.loads(line))
+            except ValueError:  # the line a killed role was writing
+                continue
+        after = [m["time"] for m in lines if key in m and m.get("time", 0) > kill["at"]]
+        times.append(round(min(after) - kill["at"], 2) if after else None)
+    return times
+
+
 def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.0, max_gap_s: float = 12.0,
           seed: int = 0, roles: tuple[str, ...] = ROLES, timeout_s: float = 3600, out=sys.stdout) -> dict:
     """Run the experiment with `overrides` in `run_dir`, killing a role `kills` times once RL has started
@@ -72,6 +107,7 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
     began = time.time()
     conductor = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     done: list[dict] = []
+    run_wall_s = None
     order = list(roles)
     rng.shuffle(order)
     try:
@@ -83,10 +119,13 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
             name = order[len(done) % len(order)]  # every role in turn, in a seeded order
             if not kill_role(run_dir, name):
                 continue  # between restarts: try again later
-            done.append({"role": name, "at_s": round(time.time() - began, 1), "policy_step": policy_step(run_dir)})
+            killed_at = time.time()
+            done.append({"role": name, "at_s": round(killed_at - began, 1), "at": killed_at,
+                         "policy_step": policy_step(run_dir)})
             print(f"chaos: killed {name} at {done[-1]['at_s']} s (policy step {done[-1]['policy_step']})",
                   file=out, flush=True)
         output, _ = conductor.communicate(timeout=max(timeout_s - (time.time() - began), 60))
+        run_wall_s = time.time() - began
     finally:
         if conductor.poll() is None:
             conductor.send_signal(signal.SIGINT)
@@ -94,12 +133,15 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
             output = ""
     check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True,
                            text=True, env=env)
+    for kill, took in zip(done, recovery_times(run_dir, done)):
+        kill["recovered_s"] = took
     restarts_file = RunDir(run_dir).restarts_file
     restarts = json.loads(restarts_file.read_text()) if restarts_file.exists() else {}
     report = {
         "kills": len(done), "kills_per_role": {r: sum(k["role"] == r for k in done) for r in roles},
         "restarts_per_role": restarts, "run_returncode": conductor.returncode, "check_returncode": check.returncode,
         "check_output": check.stdout.strip().splitlines()[-5:], "wall_s": round(time.time() - began, 1),
+        "run_wall_s": round(run_wall_s, 1) if run_wall_s else None,
         "policy_steps": policy_step(run_dir), "killed": done, "run_output_tail": output.strip().splitlines()[-15:],
     }
     (run_dir / "chaos.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -1,6 +1,8 @@
 """The conductor: the Hydra main process. Prepares the run directory, submits the roles as submitit jobs,
-shows live progress, stops every role when the policy trainer reaches its last step (or when a role fails),
-and ends with a summary.
+shows live progress, restarts a role that dies (at once, within a budget per time window), stops every role when
+the policy trainer reaches its last step (or when a role fails for good), and ends with a summary. With
+launcher=slurm it submits the whole pipeline as one sbatch job instead, follows it, and the conductor inside that
+allocation runs the roles as srun steps (`submit_pipeline`).
 
 Roles never talk to the conductor: it reads what they write (metrics, heartbeats, done markers) and
 asks them to stop through the control file they all poll.
@@ -151,12 +153,7 @@ class Fleet:
         deadline = time.time() + grace_s
         while self.running() and time.time() < deadline:
             time.sleep(0.2)
-        if self.cfg.launcher.name == "slurm":
-            from prime_values.launch.slurm import cancel_all
-
-            cancel_all([j.job for j in self.running()])  # one scancel; slurmd ends the job's processes
-            return
-        for role_job in self.running():
+        for role_job in self.running():  # local processes, or (launcher=slurm) the srun steps of this allocation
             role_job.job.cancel()
         deadline = time.time() + 10
         while self.running() and time.time() < deadline:
@@ -213,10 +210,131 @@ def conduct(cfg) -> dict:
     """The rl stage: prepare the run directory, then run the roles here, or, with launcher.detach, submit a
     conductor job that runs them and return at once."""
     run, cfg = prepare(cfg)
+    from prime_values.launch.slurm import in_allocation
+
+    if cfg.launcher.name == "slurm" and not in_allocation():
+        signal.signal(signal.SIGTERM, _terminate_gracefully)
+        return submit_pipeline(run, cfg)
     if cfg.launcher.detach:
         return detach(run, cfg)
     signal.signal(signal.SIGTERM, _terminate_gracefully)
     return run_roles(run, cfg)
+
+
+def _allocation_main(run_dir: str) -> dict:
+    """The batch step of the pipeline's SLURM job: the conductor, whose roles are srun steps of this job."""
+    from prime_values.launch.slurm import ALLOCATION_ENV
+
+    os.environ[ALLOCATION_ENV] = "1"
+    signal.signal(signal.SIGTERM, _terminate_gracefully)  # scancel / the end of the time limit: stop the roles
+    run = RunDir(run_dir)
+    asked = _stop_reason(run)  # the stop the conductor of a lost allocation asked for is not the user's: resume
+    if asked is not None and "user" not in asked and asked != "stopped":
+        run.stop_file.unlink(missing_ok=True)
+    try:
+        return drive(run_dir)
+    except SystemExit as exit_:  # a failed run: the job fails with it, the summary is in the run directory
+        if exit_.code:
+            raise RuntimeError(f"the run failed; see {RunDir(run_dir).report / 'summary.json'}") from None
+        raise
+
+
+def _stop_reason(run: RunDir) -> str | None:
+    """The reason in the run's stop file ('' when unreadable), None when there is none."""
+    if not run.stop_requested():
+        return None
+    try:
+        return str(json.loads(run.stop_file.read_text()).get("reason", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+LOST = {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}  # the allocation was lost, not the run: requeue and resume
+LOST_GRACE_S = 30.0  # how long a lost job may take to be requeued by SLURM itself before it is resubmitted
+
+
+def submit_pipeline(run: RunDir, cfg) -> dict:
+    """launcher=slurm: the rl stage as one sbatch job for all roles (prime_values.launch.slurm), followed from here:
+    queued (and why), then the live view from the run directory; a lost allocation is resubmitted (launcher.
+    max_restarts per launcher.restart_window_s) and the next one resumes the run; Ctrl-C stops it cleanly."""
+    from prime_values.launch.slurm import (cancel_all, describe_request, job_states, make_slurm_executor,
+                                           pipeline_request, queued_line)
+    from prime_values.report import format_summary, summarise
+
+    request, launcher = pipeline_request(cfg), cfg.launcher
+    extra = {**dict(launcher.extra_sbatch), "requeue": True}  # SLURM itself requeues it after a node failure
+    executor = make_slurm_executor(
+        run.jobs / "pipeline", partition=launcher.partition, account=launcher.account, qos=launcher.qos,
+        constraint=launcher.constraint, extra_sbatch=extra, setup=list(launcher.setup),
+        time_min=launcher.timeout_min, job_name="pv_pipeline", gpus_per_node=request["gpus"], tasks_per_node=1,
+        cpus_per_task=request["cpus"], mem_gb=launcher.mem_gb)
+    progress = Progress(run, cfg.steps)
+    print(f"prime_values: run directory {run.root}\nprime_values: one allocation for the pipeline: "
+          f"{describe_request(request)}", flush=True)
+    job = executor.submit(_allocation_main, str(run.root))
+    print(f"prime_values: submitted pipeline job {job.job_id}", flush=True)
+    if launcher.detach:
+        print(f"prime_values: detached; follow it:  python -m prime_values.status {run.root}\n"
+              f"  stop it:    python -m prime_values.status {run.root} --stop", flush=True)
+        return {"status": "detached", "run_dir": str(run.root), "conductor_job": str(job.job_id)}
+    resubmits: list[float] = []
+    shown_queue, reason, lost_since = None, None, None
+    try:
+        while True:
+            state = job_states([job]).get(job.job_id, "UNKNOWN")
+            if state == "PENDING":
+                line = queued_line(job.job_id)
+                if line and line != shown_queue:
+                    print(f"prime_values: {line}", flush=True)
+                    shown_queue = line
+                    write_atomic(run.root / "control" / "queued", line + "\n")
+            elif state not in ("UNKNOWN",):
+                if shown_queue is not None:
+                    (run.root / "control" / "queued").unlink(missing_ok=True)
+                    shown_queue = None
+                progress.show()
+            lost_since = (lost_since or time.time()) if state in LOST else None
+            if state in LOST and time.time() - lost_since >= LOST_GRACE_S:  # SLURM did not requeue it (--requeue)
+                cancel_all([job])  # never two allocations on one run directory
+                now = time.time()
+                window = launcher.restart_window_s
+                resubmits = [t for t in resubmits if window is None or now - t < window]
+                if len(resubmits) >= launcher.max_restarts:
+                    reason = f"the pipeline's allocation was lost ({state}) after {len(resubmits)} resubmissions"
+                    break
+                resubmits.append(now)
+                lost_since = None
+                job = executor.submit(_allocation_main, str(run.root))
+                print(f"\nprime_values: the pipeline's allocation was lost ({state}); resubmitted as job "
+                      f"{job.job_id}: the run resumes from its run directory", flush=True)
+                continue
+            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "REVOKED"):
+                if state != "COMPLETED":
+                    reason = f"the pipeline job {job.job_id} ended {state} (log: {job.paths.stderr})"
+                break
+            if _stop_reason(run) and "user" in _stop_reason(run):  # not the stop of a lost allocation's conductor
+                raise StopRequested(f"stop requested through {run.stop_file}")
+            time.sleep(max(cfg.launcher.poll_s, 1.0))
+    except (KeyboardInterrupt, StopRequested) as stop:
+        if isinstance(stop, KeyboardInterrupt):  # (a StopRequested: the user's stop file is there already)
+            run.request_stop("interrupted by the user")
+        deadline = time.time() + cfg.launcher.stop_grace_s + 30
+        while time.time() < deadline and job_states([job]).get(job.job_id) not in (
+                "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            time.sleep(1)
+        cancel_all([job])
+        reason = None if isinstance(stop, StopRequested) else "interrupted by the user"
+    (run.root / "control" / "queued").unlink(missing_ok=True)
+    progress.show(final=True)
+    summary_file = run.report / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else \
+        summarise(run, status="failed" if reason else "stopped", error=reason)
+    print(format_summary(summary), flush=True)
+    failure = (summary.get("error") if summary.get("status") == "failed" else None) or reason
+    if failure:
+        print(f"prime_values: {failure}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    return summary
 
 
 def detach(run: RunDir, cfg) -> dict:
@@ -272,6 +390,7 @@ def run_roles(run: RunDir, cfg) -> dict:
     from prime_values.wandb_sink import start_forwarder
 
     sink = start_forwarder(run, cfg)  # forwards metrics/*.jsonl to W&B; a no-op with wandb.mode=disabled
+    fork_server = start_fork_server(run, cfg)
     try:
         warm = fleet.submit("warm_start", "warm_start", cfg.topology.policy_trainer_device)
         while fleet.check() is not warm:
@@ -287,6 +406,7 @@ def run_roles(run: RunDir, cfg) -> dict:
         reason, failure = "stopped", str(stop)
     finally:
         fleet.stop(reason, cfg.launcher.stop_grace_s)
+        stop_fork_server(fork_server)
     progress.show(final=True)
     summary = summarise(run, status=reason, error=failure)
     sink.close(summary, exit_code=1 if failure and reason != "stopped" else 0)
@@ -306,6 +426,29 @@ def run_roles(run: RunDir, cfg) -> dict:
         print(f"prime_values: {failure}", file=sys.stderr, flush=True)
         sys.exit(1)
     return summary
+
+
+def start_fork_server(run: RunDir, cfg):
+    """launcher.fork_server (local runs): the process the role jobs are forked from, ready before the first one."""
+    if cfg.launcher.name != "local" or not cfg.launcher.fork_server:
+        return None
+    from prime_values.launch import local
+    from prime_values.launch.zygote import ZygoteClient
+
+    server = ZygoteClient(run.root)
+    if not server.ready(wait_s=120):  # its imports take what one role's would; then every role skips them
+        print("prime_values: the fork server did not start; roles start as fresh processes", flush=True)
+    local.FORK_SERVER = server
+    return server
+
+
+def stop_fork_server(server) -> None:
+    if server is None:
+        return
+    from prime_values.launch import local
+
+    local.FORK_SERVER = None
+    server.close()
 
 
 class StopRequested(Exception):

@@ -403,7 +403,8 @@ class ScheduleConfig:
 @dataclass
 class LauncherConfig:
     name: str = "local"
-    """'local': every role a subprocess through submitit's local executor; 'slurm': every role an sbatch job"""
+    """'local': every role a subprocess of this machine; 'slurm': the rl stage is one sbatch job sized for every
+    role at once (it starts whole or not at all), whose conductor runs each role as an srun step of it"""
     poll_s: float = 0.5
     """how often the conductor checks jobs and refreshes progress"""
     stop_grace_s: float = 30.0
@@ -420,6 +421,9 @@ class LauncherConfig:
     restart_backoff_s: float = 2.0
     """a failed role is restarted at once; one that fails again before it came up (no heartbeat since its start: a
     crash loop) waits this long before its next restart, doubled for each further such failure (at most 60 s)"""
+    fork_server: bool = True
+    """local: fork every role job from one process that has imported torch and transformers already (a restarted
+    role is working in about a second instead of paying 5-15 s of imports); false = a fresh Python process each"""
     detach: bool = False
     """submit a conductor job that runs the roles (restarts, stop, summary) and return at once; follow the run
     with `python -m prime_values.status <run_dir>`, stop it with `... status <run_dir> --stop` (rl stage only)"""
@@ -436,9 +440,13 @@ class LauncherConfig:
     setup: list = field(default_factory=list)
     """slurm: shell lines run before the role starts, e.g. ['module load cuda/12.4']"""
     cpus_per_task: int = 1
-    """slurm: CPUs per role job (threads within the role: topology.threads_per_role)"""
+    """slurm: CPUs per role process, for sizing the pipeline's allocation when launcher.cpus is null, and per job of
+    the sft/eval stages (threads within a role: topology.threads_per_role)"""
+    cpus: Optional[int] = None
+    """slurm: CPUs of the pipeline's allocation, shared by its roles (null = cpus_per_task per role process plus one
+    for the conductor); a pipeline no node of the partition can hold fails before submission, in one line"""
     mem_gb: Optional[int] = None
-    """slurm: memory per role job (null = the cluster's default per CPU)"""
+    """slurm: memory of the pipeline's allocation and of each stage job (null = the cluster's default per CPU)"""
 
 
 @dataclass
@@ -746,8 +754,16 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
     if not 0 <= cfg.critic.weight_average < 1:
         raise ConfigError(f"critic.weight_average={cfg.critic.weight_average} must be in [0, 1) (the decay of "
                           "the critic's weight average); use e.g. 0.95, or 0 for no average")
+    if cfg.launcher.cpus is not None and cfg.launcher.cpus < 1:
+        raise ConfigError(f"launcher.cpus={cfg.launcher.cpus} must be >= 1, or null to size the allocation from "
+                          "launcher.cpus_per_task")
     if cfg.launcher.name == "slurm" and environment:
         _check_slurm(cfg.launcher)
+        from prime_values.launch.slurm import fit_problem, pipeline_request
+
+        problem = fit_problem(pipeline_request(cfg), cfg.launcher.partition)  # a node can hold the whole pipeline
+        if problem:
+            raise ConfigError(problem)
     from_run = cfg.critic.warm_start.from_run
     if environment and from_run and not (Path(from_run) / "log" / "rollouts").is_dir():
         raise ConfigError(f"critic.warm_start.from_run={from_run!r} has no log/rollouts; point it at the run "
@@ -918,10 +934,10 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
     from prime_values.wandb_sink import check_wandb
 
     check_wandb(cfg)
-    if not environment:
-        cuda_count = 1 << 16  # composing for another machine: any device index may exist there
     if cuda_count is None and os.environ.get("PRIME_VALUES_CUDA_COUNT", "").isdigit():
         cuda_count = int(os.environ["PRIME_VALUES_CUDA_COUNT"])  # compose for another machine (e.g. --cfg job)
+    if cuda_count is None and not environment:
+        cuda_count = 1 << 16  # composing for another machine (PRIME_VALUES_CUDA_COUNT unset): any device may exist
     if cuda_count is None:
         import torch
 

@@ -3,8 +3,9 @@
 Prints the view the conductor shows (`prime_values.live`: policy step and ETA, reward, held-out accuracy,
 critic version and explained variance, off-policy lag, replay, each role's state and throughput), then one
 line per role job: its job id and state. Works for a run in progress, a finished one, and one whose conductor
-is gone: local jobs are looked up by pid (a local job's id is its pid), SLURM jobs through squeue/sacct
-(`prime_values.launch.slurm.job_states`).
+is gone: local jobs are looked up by pid (a local job's id is its pid); with launcher=slurm the pipeline's one job
+through squeue/sacct (`prime_values.launch.slurm.job_states`; while it is pending the first line says so: "queued:
+7 CPUs on partition debug (job 12: Resources)"), and its roles (srun steps) from their exit state files.
 """
 
 from __future__ import annotations
@@ -45,7 +46,20 @@ def local_state(run: RunDir, name: str, job_id: str, ended: bool) -> str:
 
 def job_lines(run: RunDir, cfg, ended: bool) -> list[str]:
     jobs = role_jobs(run)
-    if cfg.launcher.name == "slurm":
+    if cfg.launcher.name == "slurm" and "pipeline" in jobs:
+        # one allocation: the pipeline job's SLURM state; its roles are srun steps (an exit state once ended)
+        import submitit
+
+        from prime_values.launch.slurm import job_states
+
+        pipeline = job_states({"pipeline": submitit.SlurmJob(folder=run.jobs / "pipeline",
+                                                             job_id=jobs["pipeline"])})["pipeline"]
+        states = {"pipeline": pipeline}
+        for name, job_id in jobs.items():
+            if name != "pipeline":
+                states[name] = "COMPLETED" if run.done_file(name).exists() else \
+                    "ENDED" if (run.jobs / name / f"{job_id}_exit.json").exists() or pipeline != "RUNNING" else "RUNNING"
+    elif cfg.launcher.name == "slurm":  # a run of the sft/eval stages: their jobs are sbatch jobs
         import submitit
 
         from prime_values.launch.slurm import job_states
@@ -70,7 +84,13 @@ def status(run_dir: str | Path) -> str:
     progress.started = min(times, default=progress.started)
     if ended:  # elapsed up to the last metric, not up to now
         progress.clock = lambda: max(times, default=progress.started)
-    head = f"run {run.root} ({cfg.launcher.name}): " + (f"ended, {ended}" if ended else "running") + \
+    queued = None
+    if cfg.launcher.name == "slurm" and not ended and "pipeline" in role_jobs(run):
+        from prime_values.launch.slurm import queued_line
+
+        queued = queued_line(role_jobs(run)["pipeline"])  # "queued: 7 CPUs on partition debug (job 12: Resources)"
+    state = f"ended, {ended}" if ended else queued or "running"
+    head = f"run {run.root} ({cfg.launcher.name}): {state}" + \
         ("; stop requested" if run.stop_requested() and not ended else "")
     return "\n".join([head, *progress.lines(final=bool(ended)), "jobs:", *job_lines(run, cfg, bool(ended))])
 

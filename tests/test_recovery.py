@@ -45,8 +45,8 @@ def _log_error_and_exit() -> None:
     os._exit(3)
 
 
-def _submit(tmp_path: Path, fn, tasks: int = 1, *args):
-    executor = LocalRoleExecutor(folder=tmp_path / fn.__name__)
+def _submit(tmp_path: Path, fn, tasks: int = 1, *args):  # jobs/<fn name>: as a role job folder
+    executor = LocalRoleExecutor(folder=tmp_path / "jobs" / fn.__name__)
     executor.update_parameters(timeout_min=5, tasks_per_node=tasks)
     return executor.submit(fn, *args)
 
@@ -208,9 +208,81 @@ def test_every_tool_answers_help():
 
 
 def test_cfg_job_prints_a_slurm_config_without_sbatch(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    env["PATH"] = ":".join(p for p in [str(Path(sys.executable).parent), "/usr/bin", "/bin"])
+    # a PATH with no SLURM commands (the local cluster of tests/test_slurm.py may have installed them)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "PATH": str(Path(sys.executable).parent)}
     result = subprocess.run([sys.executable, "-m", "prime_values", "+experiment=arith", "launcher=slurm",
                              "--cfg", "job"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
     assert result.returncode == 0, result.stderr
     assert "name: slurm" in result.stdout
+
+
+def test_jobs_forked_from_the_fork_server(tmp_path):
+    """launcher.fork_server: the job runs in a process forked from the pre-imported server (no fresh interpreter),
+    with the same exit causes, the run directory on its command line, and nothing left when the server closes."""
+    from prime_values.launch import local
+    from prime_values.launch.zygote import ZygoteClient, ZygoteJob
+
+    server = ZygoteClient(tmp_path)
+    try:
+        assert server.ready(wait_s=120), "the fork server did not come up"
+        local.FORK_SERVER = server
+        job = _submit(tmp_path, _raise)
+        assert isinstance(job._process, ZygoteJob)
+        took, cause = _wait_end(job)
+        assert cause == "exit code 1: ValueError: the answer column is missing" and took < 5, (cause, took)
+        job = _submit(tmp_path, _sleep, 1, 120.0)
+        deadline = time.time() + 10
+        while not (tasks := descendants(int(job.job_id))) and time.time() < deadline:
+            time.sleep(0.02)
+        assert tasks and str(tmp_path) in open(f"/proc/{tasks[0]}/cmdline").read().replace("\0", " ")
+        from prime_values.chaos import role_pids
+
+        assert set(role_pids(tmp_path, "_sleep")) >= {int(job.job_id), *tasks}
+        os.kill(tasks[0], signal.SIGKILL)
+        took, cause = _wait_end(job)
+        assert cause == "killed by signal 9" and took < 1.0, (cause, took)
+    finally:
+        local.FORK_SERVER = None
+        server.close()
+    assert server.process.poll() is not None
+
+
+class _EndedJob(_FakeJob):
+    def __init__(self, cause):
+        super().__init__()
+        self.cause = cause
+
+    def exit_cause(self):
+        return True, self.cause
+
+    def done(self):
+        return True
+
+
+def test_roles_ending_after_a_stop_request_are_not_restarted(tmp_path, capsys):
+    from prime_values.conductor import StopRequested
+
+    fleet, job, launched = _fleet(tmp_path)
+    job.job = _EndedJob(None)  # it exited cleanly because it was told to stop
+    fleet.run.request_stop("stop requested by the user")
+    with pytest.raises(StopRequested):
+        fleet.check()
+    assert not launched and "restarting" not in capsys.readouterr().out
+
+
+def test_every_dead_role_is_restarted_in_one_pass_and_the_trainer_end_wins(tmp_path, capsys):
+    from prime_values.conductor import RoleJob
+
+    fleet, job, launched = _fleet(tmp_path)
+    job.job = _EndedJob("killed by signal 9")
+    other = RoleJob("evaluator", "evaluator", _EndedJob("exit code 1: RuntimeError: x"))
+    fleet.jobs.append(other)
+    assert fleet.check() is None and len(launched) == 2  # both resubmitted in the same pass
+    out = capsys.readouterr().out
+    assert "role inference0 failed: killed by signal 9" in out and "role evaluator failed: exit code 1" in out
+    trainer = RoleJob("policy_trainer", "policy_trainer", _EndedJob(None))
+    fleet.jobs.append(trainer)
+    fleet.run.done_file("policy_trainer").parent.mkdir(parents=True, exist_ok=True)
+    fleet.run.done_file("policy_trainer").write_text("{}")
+    assert fleet.check() is trainer  # the run's end: nothing else is restarted with it
+    assert len(launched) == 2

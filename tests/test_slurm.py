@@ -28,10 +28,9 @@ def slurm():
     """Start (or find running) the local cluster; return its `scontrol show config` as a dict."""
     if os.geteuid() != 0:
         pytest.skip("local SLURM needs root: run `sudo launchers/local_slurm/start.sh` first, or the tests as root")
-    # 8 advertised CPUs: a run's 4-5 role jobs (1 CPU each) must all run at once; nothing is enforced
-    # without cgroups, so advertising more than the machine has is safe
-    proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "LOCAL_SLURM_CPUS": "8"})
+    # the node advertises the machine's real CPUs (2 here): a pipeline is one allocation its roles share
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_SLURM_CPUS"}
+    proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode in SKIP_CODES:
         pytest.skip(f"local SLURM cannot be installed here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, f"start.sh exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
@@ -119,32 +118,114 @@ def test_cancel_all_cancels_a_sleeping_job(slurm, tmp_path):
         assert job.done() and job.state.startswith("CANCELLED")
 
 
-def test_a_run_with_every_role_a_slurm_job(slurm, tmp_path):
-    """launcher=slurm end to end: warm start, then the roles as sbatch jobs; the conductor sees them finish and
-    cancels what is left; nothing stays queued."""
+# the full critic pipeline, small: gae, privileged critic, dedicated evaluator, a two-process policy trainer
+PIPELINE = ["+experiment=arith", "steps=4", "eval_every=4", "policy.warm_start.steps=5", "critic.warm_start.steps=3",
+            "critic.warm_start.rollouts=16", "task.heldout_size=8", "inference.prompts_per_step=2",
+            "inference.group_size=2", "replay.min_rollouts=4", "critic.batch_rollouts=4", "critic.publish_every=1",
+            "policy.arch.hidden_size=64", "policy.arch.num_heads=2", "policy.arch.num_kv_heads=1",
+            "policy.arch.intermediate_size=128", "topology.policy_trainer_procs=2", "launcher=slurm",
+            "launcher.cpus=2", "launcher.poll_s=0.5", "launcher.stop_grace_s=15"]
+
+
+def cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "prime_values", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+
+
+def sacct_rows(job_id: str) -> list[list[str]]:
+    out = subprocess.run(["sacct", "-n", "-P", "-D", "-j", job_id, "-o", "JobID,JobName,State"], capture_output=True,
+                         text=True).stdout
+    return [line.split("|") for line in out.splitlines() if line]
+
+
+def _wait_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
+    from prime_values.chaos import policy_step
+
+    deadline = time.monotonic() + timeout
+    while policy_step(run_dir) < step:
+        assert proc.poll() is None, f"the run ended before policy step {step}"
+        assert time.monotonic() < deadline, f"no policy step {step} after {timeout} s"
+        time.sleep(0.5)
+
+
+def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
+    """launcher=slurm end to end on the node's real CPUs: the whole critic pipeline is one sbatch job (2 CPUs its
+    roles share), each role an srun step of it (the policy trainer two processes). A killed role comes back as a
+    new step of the same allocation; a requeued allocation (what a node failure or preemption does) resumes the run.
+    It finishes, nothing is left queued, and prime_values.check finds nothing lost."""
+    from prime_values.chaos import kill_role
+
     run_dir = tmp_path / "run"
-    small = ["+experiment=arith", "advantage=grpo", "steps=3", "eval_every=3", "policy.warm_start.steps=5",
-             "task.heldout_size=8", "inference.prompts_per_step=2", "inference.group_size=2",
-             "policy.arch.hidden_size=64", "policy.arch.num_heads=2", "policy.arch.num_kv_heads=1",
-             "policy.arch.intermediate_size=128", "launcher=slurm", "launcher.poll_s=0.5", "launcher.stop_grace_s=15"]
-    result = subprocess.run([sys.executable, "-m", "prime_values", *small, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=600,
+    args = [o for o in PIPELINE if not o.startswith(("steps=", "eval_every="))] + ["steps=10", "eval_every=10"]
+    proc = subprocess.Popen([sys.executable, "-m", "prime_values", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert "== prime_values run finished ==" in result.stdout
-    assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "3"
-    ids = [p.name.split("_")[0] for p in (run_dir / "jobs").glob("*/*_log.out")]
-    assert len(ids) == 4, ids  # warm_start, inference0, orchestrator, policy_trainer: each its own SLURM job
-    queued = subprocess.run(["squeue", "-h", "-j", ",".join(ids)], capture_output=True, text=True).stdout.strip()
-    assert not queued, f"jobs left in the queue after the run:\n{queued}"
+    try:
+        _wait_step(run_dir, 2, proc)
+        assert kill_role(run_dir, "inference0"), "no inference0 process to kill"
+        _wait_step(run_dir, 4, proc)
+        pipeline = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        assert len(pipeline) == 1, pipeline
+        subprocess.run(["scontrol", "requeue", pipeline[0]], check=True, capture_output=True)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert "== prime_values run finished ==" in out and "one allocation for the pipeline: 2 CPUs on one node" in out
+    assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "10"
+    check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    inside = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs" / "pipeline").glob("*_log.out"))
+    assert "role inference0 failed: killed by signal 9" in inside, inside[-3000:]
+    assert inside.count("prime_values: run directory") == 2, "the requeued allocation did not run the conductor again"
+    assert not subprocess.run(["squeue", "-h", "-j", pipeline[0]], capture_output=True, text=True).stdout.strip()
+    if slurm["AccountingStorageType"] != "accounting_storage/none":
+        deadline = time.monotonic() + 20  # sacct records the steps a moment after they end
+        while time.monotonic() < deadline:
+            steps = [row[1] for row in sacct_rows(pipeline[0])]
+            if steps.count("pv_inference0") >= 3 and "pv_value_trainer" in steps:
+                break
+            time.sleep(1)
+        assert {"pv_warm_start", "pv_policy_trainer", "pv_value_trainer", "pv_evaluator"} <= set(steps), steps
+        # the first allocation's worker, its replacement step after the kill, the requeued allocation's worker
+        assert steps.count("pv_inference0") >= 3, steps
+    assert list((run_dir / "jobs" / "policy_trainer").glob("*_1_log.err")), "no second policy trainer process"
     from prime_values.status import status
 
-    shown = status(run_dir)  # job states from SLURM: every role left when asked to stop (or was cancelled)
-    assert "(slurm): ended, finished" in shown and "policy step 3/3" in shown, shown
-    jobs = shown.split("\njobs:\n", 1)[1]  # the job table after the live view's lines
-    states = {line.split()[0]: line.split()[-1] for line in jobs.splitlines() if line.startswith("  ")}
-    assert set(states) == {"warm_start", "inference0", "orchestrator", "policy_trainer"}, shown
-    assert states["policy_trainer"] == "COMPLETED" and set(states.values()) <= {"COMPLETED", "CANCELLED"}, shown
+    shown = status(run_dir)
+    assert "(slurm): ended, finished" in shown and "pipeline" in shown, shown
+
+
+def test_a_pipeline_too_big_for_the_partition_fails_in_one_line(slurm, tmp_path):
+    result = cli("+experiment=arith", "launcher=slurm", "launcher.cpus=64", f"hydra.run.dir={tmp_path / 'run'}",
+                 timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "asks for 64 CPUs on one node" in lines[0] and "partition debug has nodes of at most 2 CPUs" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_queued_pipeline_says_so(slurm, tmp_path):
+    """The node is busy: the pipeline's one job waits whole (nothing of it runs), and status says why."""
+    cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
+    hog = subprocess.run(["sbatch", "--parsable", f"--cpus-per-task={cpus}", "--mem=100M", "--wrap", "sleep 120"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    run_dir = tmp_path / "run"
+    try:
+        result = cli(*PIPELINE, "launcher.detach=true", f"hydra.run.dir={run_dir}", timeout=120)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        from prime_values.status import status
+
+        deadline = time.monotonic() + 20
+        while "queued:" not in (shown := status(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "queued: 2 CPUs on partition debug" in shown and "Resources" in shown, shown
+        assert not list((run_dir / "jobs").glob("warm_start/*_submitted.pkl"))  # no role started
+    finally:
+        job = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        subprocess.run(["scancel", hog, *job], check=False)
 
 
 def test_launcher_slurm_config_is_checked_against_the_cluster(slurm):
@@ -152,4 +233,5 @@ def test_launcher_slurm_config_is_checked_against_the_cluster(slurm):
 
     line = precheck(["+experiment=arith", "launcher=slurm", "launcher.partition=nope"])
     assert line is not None and "launcher.partition='nope' is not a partition" in line and "debug" in line, line
-    assert precheck(["+experiment=arith", "launcher=slurm"]) is None  # the local cluster has a default partition
+    # the local cluster has a default partition, and 2 CPUs: the pipeline fits when its roles share them
+    assert precheck(["+experiment=arith", "launcher=slurm", "launcher.cpus=2"]) is None

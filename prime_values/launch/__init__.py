@@ -52,7 +52,15 @@ def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int =
     job's GPUs when not one per task (a tensor-parallel inference worker: one task, topology.inference_tp GPUs)."""
     gpus = (tasks if gpus is None else gpus) if device.startswith("cuda") else 0
     if launcher.name == "slurm":
-        from prime_values.launch.slurm import make_slurm_executor
+        from prime_values.launch.slurm import in_allocation, make_slurm_executor, step_command
+
+        if in_allocation():  # inside the pipeline's allocation: the role is an srun step of it
+            from prime_values.launch.local import LocalRoleExecutor
+
+            executor = LocalRoleExecutor(folder=jobs_dir / name)
+            executor.update_parameters(timeout_min=launcher.timeout_min, tasks_per_node=tasks)
+            executor.step_prefix = step_command(name, tasks, gpus, tasks * launcher.cpus_per_task)
+            return executor
 
         return make_slurm_executor(
             jobs_dir / name, partition=launcher.partition, account=launcher.account, qos=launcher.qos,

@@ -44,14 +44,81 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+class ForkedTask:
+    """A task forked from this (pre-imported) process, with the part of Popen's interface the controller uses."""
+
+    def __init__(self, folder: Path, job_id: str, env: dict, out: str, err: str):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the task: its environment and logs, then submitit's job runner, as `-m submitit.core._submit`
+            code = 1
+            try:
+                _die_with_parent()
+                for signum in (signal.SIGTERM, signal.SIGCHLD):
+                    signal.signal(signum, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, as in a fresh process
+                os.environ.clear()
+                os.environ.update(env)
+                for fd, path in ((1, out), (2, err)):
+                    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                    os.dup2(target, fd)
+                    os.close(target)
+                sys.argv = ["submitit-task", str(folder)]
+                import random
+
+                random.seed()  # fresh unseeded state, as a new interpreter has (the fork copied the server's)
+                if "numpy" in sys.modules:
+                    sys.modules["numpy"].random.seed()
+                pickle = folder / f"{job_id}_submitted.pkl"
+                deadline = time.time() + 60
+                while not pickle.exists() and time.time() < deadline:  # submitit renames it in right after the start
+                    time.sleep(0.01)
+                from submitit.core.submission import process_job
+
+                process_job(folder)
+                code = 0
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 1
+            except BaseException:  # noqa: BLE001 - the traceback goes to the task's log, as in a fresh process
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(POLL_S)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+
 class Controller:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, fork: bool = False):
+        self.fork = fork
         self.folder = folder
         self.ntasks = int(os.environ["SUBMITIT_LOCAL_NTASKS"])
         self.command = shlex.split(os.environ["SUBMITIT_LOCAL_COMMAND"])
         self.timeout_s = int(os.environ["SUBMITIT_LOCAL_TIMEOUT_S"])
         with_shell = bool(os.environ.get("SUBMITIT_LOCAL_WITH_SHELL"))
-        self.job_id = str(os.getppid() if with_shell else os.getpid())
+        self.job_id = os.environ.get("PRIME_VALUES_JOB_ID") or \
+            str(os.getppid() if with_shell and not fork else os.getpid())  # the pid the conductor knows the job by
         self.tasks: list[subprocess.Popen] = []
         self.signal_received: int | None = None
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -74,12 +141,13 @@ class Controller:
         for k in range(self.ntasks):
             env = {**os.environ, "SUBMITIT_LOCAL_LOCALID": str(k), "SUBMITIT_LOCAL_GLOBALID": str(k),
                    "SUBMITIT_LOCAL_JOB_ID": self.job_id}
-            out = open(self.folder / f"{self.job_id}_{k}_log.out", "a")  # submitit's JobPaths names
-            err = open(self.folder / f"{self.job_id}_{k}_log.err", "a")
-            self.tasks.append(subprocess.Popen(self.command, env=env, stdout=out, stderr=err,
-                                               preexec_fn=_die_with_parent))
-            out.close()
-            err.close()
+            out, err = (str(self.folder / f"{self.job_id}_{k}_log.{kind}") for kind in ("out", "err"))  # submitit's
+            if self.fork:
+                self.tasks.append(ForkedTask(self.folder, self.job_id, env, out, err))
+                continue
+            with open(out, "a") as stdout, open(err, "a") as stderr:
+                self.tasks.append(subprocess.Popen(self.command, env=env, stdout=stdout, stderr=stderr,
+                                                   preexec_fn=_die_with_parent))
 
     def wait(self) -> dict:
         """Until every task ended, or one failed (the others are then ended), or the time limit passed."""

@@ -1,5 +1,6 @@
-"""Local role jobs: submitit's local executor with our controller (`prime_values.launch.controller`), and the
-cause of a job's end read from its exit state.
+"""Local role jobs: submitit's local executor with our controller (`prime_values.launch.controller`), forked from
+the run's fork server when there is one (`prime_values.launch.zygote`), and the cause of a job's end read from its
+exit state.
 
 A `LocalRoleJob` answers `exit_cause()` without waiting: the controller's own return code (a killed controller),
 else the `<job id>_exit.json` it wrote when the job ended (each task's exit code or signal, a time limit), and
@@ -23,6 +24,10 @@ from pathlib import Path
 
 import submitit
 from submitit.local.local import LocalJob
+
+# the run's fork server (prime_values.launch.zygote.ZygoteClient), set by the conductor of a local run: role jobs
+# are forked from it, pre-imported, instead of started as fresh Python processes
+FORK_SERVER = None
 
 _ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL|FATAL)\b")
 _TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[,.]\d+ ")  # logging's asctime
@@ -111,6 +116,8 @@ class LocalRoleJob(LocalJob):
         try:
             state = json.loads(self.exit_file.read_text())
         except (OSError, ValueError):
+            if code is not None and code > 128 and getattr(self, "step_prefix", None):
+                return True, self._signal_cause(code - 128)  # srun: its step's controller died of a signal
             return True, None if code == 0 else f"exit code {code}: the job controller ended without an exit state " \
                 f"(log: {self.paths.stderr})"
         if state.get("timeout"):
@@ -154,8 +161,19 @@ class LocalRoleExecutor(submitit.LocalExecutor):
         cmd: list[str] | str = [sys.executable, "-m", "prime_values.launch.controller", str(self.folder)]
         if self.parameters.get("setup"):
             cmd = " && ".join([*self.parameters["setup"], shlex.join(cmd)])
+        prefix = getattr(self, "step_prefix", None)
+        if prefix:  # a step of the pipeline's SLURM allocation (prime_values.launch.slurm.step_command)
+            if any(p.startswith("--gpus=") for p in prefix):
+                env.pop("CUDA_VISIBLE_DEVICES")  # slurmstepd sets the step's own GPUs
+            inner = shlex.join([*prefix, *cmd]) if isinstance(cmd, list) else \
+                shlex.join(prefix) + " bash -c " + shlex.quote(cmd)
+            # the job id is the pid of this shell, which becomes srun: the controller on the node learns it here
+            cmd = f"export PRIME_VALUES_JOB_ID=$$; exec {inner}"
         oom = oom_kills()
-        process = subprocess.Popen(cmd, shell=isinstance(cmd, str), env=env)
+        process = None if self.parameters.get("setup") or prefix or FORK_SERVER is None else \
+            FORK_SERVER.start(self.folder, env)
+        if process is None:  # no fork server (or it is not ready, or gone): a fresh Python process
+            process = subprocess.Popen(cmd, shell=isinstance(cmd, str), env=env, start_new_session=bool(prefix))
         job = LocalRoleJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
-        job.started_at, job.oom_at_start = time.time(), oom
+        job.started_at, job.oom_at_start, job.step_prefix = time.time(), oom, prefix
         return job

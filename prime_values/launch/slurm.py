@@ -195,3 +195,122 @@ def exit_cause(job: submitit.Job) -> str | None:
         return signal_name(sig)
     error = result_error(job.paths.result_pickle) or last_error_line(_tail(job.paths.stderr))
     return f"exit code {code if code is not None else '?'}: " + (error or f"no error line in {job.paths.stderr}")
+
+
+# --- a pipeline in one allocation ---------------------------------------------------------------------------
+# launcher=slurm runs the rl stage as ONE sbatch job, sized for every role at once: it starts whole or not at all.
+# Its batch step is the conductor (prime_values.conductor.drive), which starts each role as an `srun` step of that
+# allocation (a dead role restarts as a new step); losing the allocation (node failure, preemption) requeues the
+# job, and the conductor of the next allocation resumes the run from its run directory.
+
+ALLOCATION_ENV = "PRIME_VALUES_ALLOCATION"  # set in the pipeline job: role jobs become srun steps of it
+
+
+def in_allocation() -> bool:
+    import os
+
+    return bool(os.environ.get(ALLOCATION_ENV)) and bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def pipeline_processes(cfg) -> list[tuple[str, int, int]]:
+    """(role job, processes, GPUs) of every role the rl stage runs at once (the warm start runs before them)."""
+    from prime_values.launch import role_gpus, role_procs
+
+    topo, with_critic = cfg.topology, cfg.advantage.estimator != "grpo"
+    roles = [(f"inference{w}", "inference", topo.inference_device) for w in range(topo.inference_workers)]
+    if with_critic and topo.evaluator == "dedicated":
+        roles += [(f"evaluator{i}" if i else "evaluator", "evaluator", topo.evaluator_device)
+                  for i in range(topo.evaluators)]
+    roles += [("orchestrator", "orchestrator", "cpu"), ("policy_trainer", "policy_trainer", topo.policy_trainer_device)]
+    if with_critic:
+        roles.append(("value_trainer", "value_trainer", topo.value_trainer_device))
+    return [(name, role_procs(topo, role), role_gpus(topo, role) if str(device).startswith("cuda") else 0)
+            for name, role, device in roles]
+
+
+def pipeline_request(cfg) -> dict:
+    """What the pipeline's allocation asks for: one node, CPUs (launcher.cpus, else launcher.cpus_per_task per
+    role process plus one for the conductor), GPUs (the sum over the roles on a cuda device: one per trainer
+    process, topology.inference_tp per inference worker; srun gives each role step its own), memory
+    (launcher.mem_gb, else the cluster's default per CPU)."""
+    procs = pipeline_processes(cfg)
+    launcher = cfg.launcher
+    cpus = launcher.cpus or sum(n for _, n, _ in procs) * launcher.cpus_per_task + 1
+    gpus = sum(g for _, _, g in procs)  # every GPU role its own GPUs: srun binds each step to its share
+    return {"cpus": int(cpus), "gpus": gpus, "mem_gb": launcher.mem_gb, "processes": procs}
+
+
+def describe_request(request: dict) -> str:
+    roles = ", ".join(f"{name}" + (f" x{n}" if n > 1 else "") for name, n, _ in request["processes"])
+    gpus = f" and {request['gpus']} GPUs" if request["gpus"] else ""
+    return f"{request['cpus']} CPUs{gpus} on one node ({roles}, and the conductor)"
+
+
+def partition_nodes(partition: str | None) -> tuple[str, list[dict]]:
+    """(partition name, its nodes as {"name", "cpus", "gpus", "mem_mb"}) from sinfo; the default partition for None."""
+    args = ["sinfo", "-h", "-N", "-o", "%N|%c|%G|%m|%P"] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    nodes, name = [], partition
+    for line in out.splitlines():
+        fields = line.split("|")
+        if len(fields) != 5:
+            continue
+        if partition is None and not fields[4].endswith("*"):
+            continue
+        name = fields[4].rstrip("*")
+        gpus = 0
+        for gres in fields[2].split(","):
+            parts = gres.split("(")[0].split(":")
+            if parts[0] == "gpu" and parts[-1].isdigit():
+                gpus += int(parts[-1])
+        nodes.append({"name": fields[0], "cpus": int(fields[1].rstrip("+") or 0), "gpus": gpus,
+                      "mem_mb": int(fields[3].rstrip("+") or 0) if fields[3].rstrip("+").isdigit() else 0})
+    return name or "(default)", nodes
+
+
+def fit_problem(request: dict, partition: str | None) -> str | None:
+    """One sentence when the pipeline can never run on the partition (no node has what it asks for), else None."""
+    name, nodes = partition_nodes(partition)
+    if not nodes:
+        return None  # sinfo said nothing (a cluster we cannot read): let sbatch decide
+    mem_mb = (request["mem_gb"] or 0) * 1024
+    fits = [n for n in nodes if n["cpus"] >= request["cpus"] and n["gpus"] >= request["gpus"]
+            and (not mem_mb or not n["mem_mb"] or n["mem_mb"] >= mem_mb)]
+    if fits:
+        return None
+    most_cpus = max(n["cpus"] for n in nodes)
+    most_gpus = max(n["gpus"] for n in nodes)
+    has = f"nodes of at most {most_cpus} CPUs" + (f" and {most_gpus} GPUs" if most_gpus else " and no GPUs"
+                                                    if request["gpus"] else "")
+    return (f"launcher=slurm: the pipeline asks for {describe_request(request)}, but partition {name} has {has}; "
+            f"set launcher.cpus (CPUs of the whole allocation; its roles share them), fewer roles or processes, or "
+            f"another launcher.partition")
+
+
+def step_command(name: str, tasks: int, gpus: int, cpus: int) -> list[str]:
+    """The srun prefix that starts a role's controller as a step of this allocation. --overlap: the roles share
+    the allocation's CPUs (a role is mostly waiting); the step's processes are the controller's tasks."""
+    command = ["srun", "--overlap", "--ntasks=1", "--nodes=1", f"--cpus-per-task={max(1, cpus)}", "--mem=0",
+               f"--job-name=pv_{name}", "--kill-on-bad-exit=1", "--quiet"]
+    if gpus:
+        command.append(f"--gpus={gpus}")
+    return command
+
+
+def queued_line(job_id: str) -> str | None:
+    """'queued: 7 CPUs on partition debug (job 12: Resources)' while the job is pending, else None."""
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%C|%P|%r|%b"], capture_output=True,
+                             text=True, timeout=30, check=False).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if not out or "|" not in out:
+        return None
+    state, cpus, partition, reason, gres = (out.splitlines()[0].split("|") + [""] * 5)[:5]
+    if state != "PENDING":
+        return None
+    gpus = f" and {gres.replace('gres:', '').replace('gres/', '')}" if gres and gres not in ("N/A", "(null)") else ""
+    return f"queued: {cpus} CPUs{gpus} on partition {partition} (job {job_id}: {reason})"
