@@ -50,10 +50,13 @@ SHAPES = {
                                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                                          head_dim=64, max_position_embeddings=8192, rope_theta=100000.0,
                                          rms_norm_eps=1e-5, tie_word_embeddings=True)),
-    # the --smoke shape: the same code in seconds on the CPU
+    # the --smoke shapes, one per architecture above: the same code in seconds on the CPU
     "tiny": ("Qwen3Config", dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                  num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                                  max_position_embeddings=256, tie_word_embeddings=True)),
+    "tiny-llama": ("LlamaConfig", dict(vocab_size=512, hidden_size=96, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=3, num_key_value_heads=1, head_dim=32,
+                                       max_position_embeddings=256, tie_word_embeddings=True)),
 }
 # the embedded model (policy.arch defaults) for the ratio check
 EMBEDDED = dict(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384)
@@ -263,7 +266,7 @@ def ratio_check(device: str, arch: dict | None = None, prompts: int = 16, sample
     return found
 
 
-def pipeline_rows(device: str, steps: int, log) -> list[dict]:
+def pipeline_rows(device: str, steps: int, log, smoke: bool = False) -> list[dict]:
     """Wall s per policy step of the embedded experiment with every role on `device`: async vs lockstep, fp32 and
     bf16-mixed (one shared warm start; bench_pipeline.run_cases)."""
     import bench_pipeline
@@ -271,7 +274,7 @@ def pipeline_rows(device: str, steps: int, log) -> list[dict]:
     cases = {"async": [], "lockstep": ["schedule.mode=lockstep"],
              "async_mixed": ["policy.dtype=bf16-mixed"], "lockstep_mixed": ["schedule.mode=lockstep",
                                                                              "policy.dtype=bf16-mixed"]}
-    result = bench_pipeline.run_cases(None, False, steps, 1, cases=cases, log=log, device=device)
+    result = bench_pipeline.run_cases(None, smoke, steps, 1, cases=cases, log=log, device=device)
     runs = {name: rs[0] for name, rs in result["runs"].items() if rs}
     out = []
     for precision, suffix in (("float32", ""), ("bf16-mixed", "_mixed")):
@@ -335,7 +338,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default=None, help="cuda:0 (default: cuda:0 where CUDA is, else cpu)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, no pipeline: every code path in seconds")
     ap.add_argument("--shapes", default=None, help="comma-separated of " + ", ".join(SHAPES))
-    ap.add_argument("--pipeline-steps", type=int, default=None, help="policy steps per pipeline run (0: skip)")
+    ap.add_argument("--pipeline-steps", type=int, default=None, help="policy steps per pipeline run (0: skip; "
+                    "default 20, with --smoke 0: --smoke --pipeline-steps 3 runs bench_pipeline's smoke sizes)")
     ap.add_argument("--repeats", type=int, default=None, help="timed repetitions of each trainer step")
     ap.add_argument("--budget-s", type=float, default=330.0, help="skip the parts that would start after this")
     ap.add_argument("--out", default=None, help="folder for gpu_check.md / gpu_check.json")
@@ -345,7 +349,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         ap.error(f"--device {device}: no CUDA device here; use --smoke (or --device cpu)")
-    shapes = (args.shapes or ("tiny" if args.smoke else "smollm2-135m,qwen3-0.6b")).split(",")
+    shapes = (args.shapes or ("tiny,tiny-llama" if args.smoke else "smollm2-135m,qwen3-0.6b")).split(",")
     for s in shapes:
         if s not in SHAPES:
             ap.error(f"--shapes: unknown shape {s!r}; choose from {', '.join(SHAPES)}")
@@ -375,32 +379,41 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append({"shape": "warm-started" if args.ratio_model else "embedded", "role": "first on-policy step: sampling vs trainer logprobs",
                      "precision": mode, "rate": r["mean_abs_log_ratio"], "unit": "mean abs log-ratio",
                      "note": f"max abs log-ratio {r['max_abs_log_ratio']:.2e}, ratio mean {r['ratio_mean']:.5f}"})
+    def report(final: bool) -> float:
+        """The table so far, printed and written (before the pipeline too: a run cut by its timeout keeps it)."""
+        lines = table(rows)
+        wall = time.time() - started
+        header = (f"`python bench/gpu_check.py {' '.join(argv if argv is not None else sys.argv[1:])}` on "
+                  f"{info['device']} (torch {info['torch']}, transformers {info['transformers']}, flash-attn: "
+                  f"{info['flash_attn_usable']}; vllm: {info['vllm']}): {wall:.0f} s"
+                  + ("" if final else " so far (the pipeline part follows)")
+                  + (f"; skipped for the budget: {', '.join(skipped)}" if skipped else ""))
+        sizes_line = (f"trainer batch {sizes['rollouts']} rollouts x {sizes['prompt'] + sizes['response']} tokens "
+                      f"(micro-batches of {sizes['micro']}); generation {sizes['prompts']} prompts x "
+                      f"{sizes['samples']} samples x {sizes['new_tokens']} new tokens; rates are tokens (states) per "
+                      "second of the step; peak memory: torch.cuda.max_memory_allocated over the part")
+        print("\n" + header + "\n" + sizes_line + "\n\n" + "\n".join(lines) + "\n", flush=True)
+        if args.out:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "gpu_check.md").write_text("\n".join([header, "", sizes_line, "", *lines]) + "\n")
+            (out / "gpu_check.json").write_text(json.dumps({"info": info, "sizes": sizes, "rows": rows,
+                                                            "wall_s": wall, "skipped": skipped, "final": final},
+                                                           indent=1))
+        return wall
+
     if pipeline_steps and time.time() - started < args.budget_s:
+        report(final=False)
         log(f"pipeline: async / lockstep x fp32 / bf16-mixed, {pipeline_steps} policy steps each, every role on "
             f"{device}")
         try:
-            rows += pipeline_rows(device, pipeline_steps, log)
+            rows.extend(pipeline_rows(device, pipeline_steps, log, smoke=args.smoke))
         except Exception as error:  # noqa: BLE001 - the table still comes out, with the failure in it
             rows.append({"shape": "embedded", "role": "pipeline", "note": f"FAILED: {type(error).__name__}: "
                                                                           f"{str(error)[:300]}"})
     elif pipeline_steps:
         skipped.append("pipeline")
-    lines = table(rows)
-    wall = time.time() - started
-    header = (f"`python bench/gpu_check.py {' '.join(argv if argv is not None else sys.argv[1:])}` on {info['device']}"
-              f" (torch {info['torch']}, transformers {info['transformers']}, flash-attn: {info['flash_attn_usable']};"
-              f" vllm: {info['vllm']}): {wall:.0f} s" + (f"; skipped for the budget: {', '.join(skipped)}"
-                                                         if skipped else ""))
-    sizes_line = (f"trainer batch {sizes['rollouts']} rollouts x {sizes['prompt'] + sizes['response']} tokens "
-                  f"(micro-batches of {sizes['micro']}); generation {sizes['prompts']} prompts x {sizes['samples']} "
-                  f"samples x {sizes['new_tokens']} new tokens; rates are tokens (states) per second of the step")
-    print("\n" + header + "\n" + sizes_line + "\n\n" + "\n".join(lines), flush=True)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "gpu_check.md").write_text("\n".join([header, "", sizes_line, "", *lines]) + "\n")
-        (out / "gpu_check.json").write_text(json.dumps({"info": info, "sizes": sizes, "rows": rows,
-                                                        "wall_s": wall, "skipped": skipped}, indent=1))
+    wall = report(final=True)
     return {"info": info, "rows": rows, "skipped": skipped, "wall_s": wall}
 
 

@@ -409,6 +409,7 @@ def test_gpu_check_smoke_runs_every_part_on_the_cpu(tmp_path):
                                                                      "logprobs")
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| tiny | policy trainer | bf16-mixed | on |" in table and "first on-policy step" in table
+    assert "| tiny-llama | value trainer | bf16-mixed | on |" in table  # the SmolLM2 (Llama) architecture too
 
 
 def test_mixed_lora_critic_trains_its_own_fp32_value_head():
