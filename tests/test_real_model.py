@@ -237,11 +237,11 @@ def test_hf_sampling_logprobs_match_the_trainers_teacher_forced_logprobs(smollm)
 
 # --- the whole pipeline ----------------------------------------------------------------------------------------------
 
-PIPELINE = ["+experiment=arith", "policy=smollm2_135m", "steps=2", "eval_every=2", "task.heldout_size=4",
+PIPELINE = ["+experiment=arith", "policy=smollm2_135m", "steps=2", "eval_every=2", "task.heldout_size=2",
             "inference.prompts_per_step=2", "inference.group_size=2", "inference.max_new_tokens=16",
             "replay.min_rollouts=4", "critic.batch_rollouts=4", "critic.publish_every=1", "critic.num_layers=2",
-            "critic.max_length=20", "policy.warm_start.steps=0", "critic.warm_start.steps=2",
-            "critic.warm_start.rollouts=4", "log.optimizer_state_every=0", "launcher.poll_s=0.2"]
+            "critic.max_length=20", "policy.warm_start.steps=0", "critic.warm_start.steps=0",
+            "log.optimizer_state_every=0", "launcher.poll_s=0.2"]
 
 
 def read_rows(run_dir: Path, stream: str) -> list[dict]:
