@@ -51,7 +51,8 @@ def check_run_budget(cfg, sample: int = 64) -> dict | None:
     """`check_budget` for a run whose policy.model is a local from_pretrained directory: its tokenizer, the task's
     held-out prompts and a sample of training prompts, inference.max_new_tokens, critic.max_length (with the
     privileged block when critic.privileged). None when the model is 'tiny' or not a local directory. Loads the
-    tokenizer and builds the task in this process (a second or two); raises BudgetError."""
+    tokenizer and builds the task in this process (a second or two; None when either fails to load here: the jobs
+    then report it); raises BudgetError."""
     import random
     from pathlib import Path
 
@@ -62,14 +63,17 @@ def check_run_budget(cfg, sample: int = 64) -> dict | None:
 
     from prime_values.tasks import make_task
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
-    task = make_task(**cfg.task)
     try:
-        problems = list(task.heldout())[:sample] + list(task.sample(random.Random(0), sample))
-    finally:
-        if hasattr(task, "close"):
-            task.close()
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+        task = make_task(**cfg.task)
+        try:
+            problems = list(task.heldout())[:sample] + list(task.sample(random.Random(0), sample))
+        finally:
+            if hasattr(task, "close"):
+                task.close()
+    except Exception:  # noqa: BLE001 - a model or task that does not load here fails in its job, with its own line
+        return None
     ccfg = cfg.critic
     return check_budget(tokenizer, [p.prompt for p in problems], cfg.inference.max_new_tokens,
                         model_max_length=positions, critic_max_length=ccfg.max_length,

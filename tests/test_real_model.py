@@ -150,15 +150,20 @@ def test_eos_is_not_pad_and_the_published_version_keeps_the_tokenizer(smollm, tm
 
 @needs_smollm
 def test_sft_trains_the_eos_even_where_pad_is_eos(smollm):
-    """stages/sft.py and roles/evaluation.py fall back to pad = eos for a tokenizer without a pad token; their
-    labels go by length, so the EOS closing each response is a target, not padding."""
+    """A tokenizer without a pad token gets its unk token as pad (`ensure_pad_token`, in the sft and eval stages
+    and the warm start), or the EOS where unk is the EOS; either way the labels of stages/sft.py and
+    roles/evaluation.py go by length, so the EOS closing each response is a target, not padding, even where
+    pad = eos (the worst case, forced here)."""
     import copy
 
+    from prime_values.models.tokenizer import ensure_pad_token
     from prime_values.roles.evaluation import sft_batch
     from prime_values.stages.sft import batch_tensors, encode
 
     tokenizer = copy.deepcopy(smollm[0])
-    tokenizer.pad_token = tokenizer.eos_token  # what the fallback does
+    tokenizer.pad_token = None
+    assert ensure_pad_token(tokenizer).pad_token_id == PAD  # <|endoftext|>, the unk token: distinct from the EOS
+    tokenizer.pad_token = tokenizer.eos_token
     assert tokenizer.pad_token_id == tokenizer.eos_token_id
     pairs = [(chat(tokenizer, "1+1?"), "2"), (chat(tokenizer, "10+15?"), "The answer is 25.")]
     ids, mask, labels = batch_tensors(tokenizer, [encode(tokenizer, p) for p in pairs])
