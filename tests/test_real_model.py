@@ -325,3 +325,42 @@ def test_the_real_model_runs_the_whole_pipeline_for_two_rl_steps(smollm_dir, tmp
     first_step = next(s for s in steps if s.get("step") == 1 and "ratio_mean" in s)
     assert abs(first_step["ratio_mean"] - 1) < 1e-2  # the first on-policy step's importance ratio
     assert max(s.get("step", 0) for s in steps) == 2
+
+
+def test_concurrent_converters_publish_one_whole_directory_and_a_killed_one_leaves_nothing_used(tmp_path,
+                                                                                              monkeypatch):
+    """The cache's publication, with the dequantisation replaced by a slow fake (the real one is ~30 s): two
+    converters of one file at once convert it once and both get the whole directory; a temporary directory left by
+    a killed converter, or a directory without its record, is never used and is cleaned up by the next one."""
+    import threading
+
+    calls = []
+
+    def fake_convert_into(path, out):
+        calls.append(path)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        time.sleep(0.5)  # the second converter arrives while the first is still writing
+        (out / "model.safetensors").write_bytes(b"x" * 1000)
+        return {"parameters": 1, "convert_s": 0.5}
+
+    monkeypatch.setattr(gguf, "convert_into", fake_convert_into)
+    monkeypatch.setattr(gguf, "check_file", lambda path, model, key="policy.model": {})
+    source = tmp_path / "m.gguf"
+    source.write_bytes(b"GGUF fake")
+    cache = str(tmp_path / "cache")
+    _, target, _, _ = gguf.cached(str(source), cache)
+    target.parent.mkdir(parents=True)
+    (target.parent / f".tmp-{target.name}-999999").mkdir()  # a converter killed half-way
+    target.mkdir()  # renamed without its record: not trusted
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(gguf.convert(str(source), cache, log=lambda _: None)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [target, target] and len(calls) == 1
+    assert sorted(p.name for p in target.iterdir()) == sorted(["config.json", "model.safetensors", gguf.DONE])
+    assert [p.name for p in target.parent.iterdir() if p.name.startswith(".tmp-")] == []
+    assert gguf.convert(str(source), cache) == target and len(calls) == 1  # cached from now on
