@@ -312,6 +312,9 @@ def test_the_real_model_runs_the_whole_pipeline_for_two_rl_steps(smollm_dir, tmp
             logged = torch.tensor(values[r["rollout_id"]]["values"])
             assert torch.allclose(again[b, : len(logged)], logged, atol=1e-4), "values not mapped back exactly"
     print(f"cut traces: {sum(cut)}/{len(cut)} at critic.max_length={saved.critic.max_length}")
+    logged = [json.loads(line) for line in (run_dir / "metrics" / "evaluator.jsonl").read_text().splitlines()]
+    assert sum(m["cut_traces"] for m in logged if "cut_traces" in m) == \
+        sum(bool(v["cut"]) for v in values.values())  # the evaluator's count of cut traces
     # sampling logprobs of version 0 against the trainer's teacher-forced logprobs of the same weights
     first = [r for r in rollouts if r["policy_version"] == 0][:4]
     model = load_policy(run_dir / "weights" / "policy" / "0")
