@@ -36,9 +36,10 @@ def check_budget(tokenizer, prompts: list[str], max_new_tokens: int, *, model_ma
         block = max(len(tokenizer.encode(template.format(privileged=p), add_special_tokens=False))
                     for p in privileged)
     if model_max_length is not None and longest + max_new_tokens > model_max_length:
+        fix = (f"lower inference.max_new_tokens to <= {model_max_length - longest}" if longest < model_max_length
+               else "shorten the prompts (the longest alone fills the model)")
         raise BudgetError(f"inference.max_new_tokens={max_new_tokens} plus the longest prompt ({longest} tokens) "
-                          f"exceeds the model's {model_max_length} positions; lower inference.max_new_tokens to "
-                          f"<= {model_max_length - longest} or shorten the prompts")
+                          f"exceeds the model's {model_max_length} positions; {fix}")
     if critic_max_length is not None and longest + block + 1 > critic_max_length:
         raise BudgetError(f"critic.max_length={critic_max_length} cannot hold the longest prompt ({longest} tokens) "
                           f"plus the privileged block ({block}) and one response token: every trace would be cut "
@@ -49,9 +50,12 @@ def check_budget(tokenizer, prompts: list[str], max_new_tokens: int, *, model_ma
 
 def check_run_budget(cfg, sample: int = 64) -> dict | None:
     """`check_budget` for a run whose policy.model is a local from_pretrained directory: its tokenizer, the task's
-    held-out prompts and a sample of training prompts, inference.max_new_tokens, critic.max_length (with the
-    privileged block when critic.privileged). None when the model is 'tiny' or not a local directory. Loads the
-    tokenizer and builds the task in this process (a second or two); raises BudgetError."""
+    held-out prompts and a sample of training prompts, critic.max_length (with the privileged block when
+    critic.privileged), and with inference.backend=vllm (whose engine refuses a request longer than its context;
+    transformers just runs past max_position_embeddings) prompt + inference.max_new_tokens against the model's
+    positions. None when the model is 'tiny' or not a local directory. Loads the
+    tokenizer and builds the task in this process (a second or two; None when either fails to load here: the jobs
+    then report it); raises BudgetError."""
     import random
     from pathlib import Path
 
@@ -62,14 +66,20 @@ def check_run_budget(cfg, sample: int = 64) -> dict | None:
 
     from prime_values.tasks import make_task
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
-    task = make_task(**cfg.task)
     try:
-        problems = list(task.heldout())[:sample] + list(task.sample(random.Random(0), sample))
-    finally:
-        if hasattr(task, "close"):
-            task.close()
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        positions = None
+        if cfg.inference.backend == "vllm":  # its context: vllm_args.max_model_len, else the model's positions
+            positions = (cfg.inference.get("vllm_args") or {}).get("max_model_len") or \
+                getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+        task = make_task(**cfg.task)
+        try:
+            problems = list(task.heldout())[:sample] + list(task.sample(random.Random(0), sample))
+        finally:
+            if hasattr(task, "close"):
+                task.close()
+    except Exception:  # noqa: BLE001 - a model or task that does not load here fails in its job, with its own line
+        return None
     ccfg = cfg.critic
     return check_budget(tokenizer, [p.prompt for p in problems], cfg.inference.max_new_tokens,
                         model_max_length=positions, critic_max_length=ccfg.max_length,

@@ -150,15 +150,20 @@ def test_eos_is_not_pad_and_the_published_version_keeps_the_tokenizer(smollm, tm
 
 @needs_smollm
 def test_sft_trains_the_eos_even_where_pad_is_eos(smollm):
-    """stages/sft.py and roles/evaluation.py fall back to pad = eos for a tokenizer without a pad token; their
-    labels go by length, so the EOS closing each response is a target, not padding."""
+    """A tokenizer without a pad token gets its unk token as pad (`ensure_pad_token`, in the sft and eval stages
+    and the warm start), or the EOS where unk is the EOS; either way the labels of stages/sft.py and
+    roles/evaluation.py go by length, so the EOS closing each response is a target, not padding, even where
+    pad = eos (the worst case, forced here)."""
     import copy
 
+    from prime_values.models.tokenizer import ensure_pad_token
     from prime_values.roles.evaluation import sft_batch
     from prime_values.stages.sft import batch_tensors, encode
 
     tokenizer = copy.deepcopy(smollm[0])
-    tokenizer.pad_token = tokenizer.eos_token  # what the fallback does
+    tokenizer.pad_token = None
+    assert ensure_pad_token(tokenizer).pad_token_id == PAD  # <|endoftext|>, the unk token: distinct from the EOS
+    tokenizer.pad_token = tokenizer.eos_token
     assert tokenizer.pad_token_id == tokenizer.eos_token_id
     pairs = [(chat(tokenizer, "1+1?"), "2"), (chat(tokenizer, "10+15?"), "The answer is 25.")]
     ids, mask, labels = batch_tensors(tokenizer, [encode(tokenizer, p) for p in pairs])
@@ -237,11 +242,11 @@ def test_hf_sampling_logprobs_match_the_trainers_teacher_forced_logprobs(smollm)
 
 # --- the whole pipeline ----------------------------------------------------------------------------------------------
 
-PIPELINE = ["+experiment=arith", "policy=smollm2_135m", "steps=2", "eval_every=2", "task.heldout_size=4",
+PIPELINE = ["+experiment=arith", "policy=smollm2_135m", "steps=2", "eval_every=2", "task.heldout_size=2",
             "inference.prompts_per_step=2", "inference.group_size=2", "inference.max_new_tokens=16",
             "replay.min_rollouts=4", "critic.batch_rollouts=4", "critic.publish_every=1", "critic.num_layers=2",
-            "critic.max_length=20", "policy.warm_start.steps=0", "critic.warm_start.steps=2",
-            "critic.warm_start.rollouts=4", "log.optimizer_state_every=0", "launcher.poll_s=0.2"]
+            "critic.max_length=20", "policy.warm_start.steps=0", "critic.warm_start.steps=0",
+            "log.optimizer_state_every=0", "launcher.poll_s=0.2"]
 
 
 def read_rows(run_dir: Path, stream: str) -> list[dict]:
@@ -307,6 +312,9 @@ def test_the_real_model_runs_the_whole_pipeline_for_two_rl_steps(smollm_dir, tmp
             logged = torch.tensor(values[r["rollout_id"]]["values"])
             assert torch.allclose(again[b, : len(logged)], logged, atol=1e-4), "values not mapped back exactly"
     print(f"cut traces: {sum(cut)}/{len(cut)} at critic.max_length={saved.critic.max_length}")
+    logged = [json.loads(line) for line in (run_dir / "metrics" / "evaluator.jsonl").read_text().splitlines()]
+    assert sum(m["cut_traces"] for m in logged if "cut_traces" in m) == \
+        sum(bool(v["cut"]) for v in values.values())  # the evaluator's count of cut traces
     # sampling logprobs of version 0 against the trainer's teacher-forced logprobs of the same weights
     first = [r for r in rollouts if r["policy_version"] == 0][:4]
     model = load_policy(run_dir / "weights" / "policy" / "0")
@@ -320,3 +328,42 @@ def test_the_real_model_runs_the_whole_pipeline_for_two_rl_steps(smollm_dir, tmp
     first_step = next(s for s in steps if s.get("step") == 1 and "ratio_mean" in s)
     assert abs(first_step["ratio_mean"] - 1) < 1e-2  # the first on-policy step's importance ratio
     assert max(s.get("step", 0) for s in steps) == 2
+
+
+def test_concurrent_converters_publish_one_whole_directory_and_a_killed_one_leaves_nothing_used(tmp_path,
+                                                                                              monkeypatch):
+    """The cache's publication, with the dequantisation replaced by a slow fake (the real one is ~30 s): two
+    converters of one file at once convert it once and both get the whole directory; a temporary directory left by
+    a killed converter, or a directory without its record, is never used and is cleaned up by the next one."""
+    import threading
+
+    calls = []
+
+    def fake_convert_into(path, out):
+        calls.append(path)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        time.sleep(0.5)  # the second converter arrives while the first is still writing
+        (out / "model.safetensors").write_bytes(b"x" * 1000)
+        return {"parameters": 1, "convert_s": 0.5}
+
+    monkeypatch.setattr(gguf, "convert_into", fake_convert_into)
+    monkeypatch.setattr(gguf, "check_file", lambda path, model, key="policy.model": {})
+    source = tmp_path / "m.gguf"
+    source.write_bytes(b"GGUF fake")
+    cache = str(tmp_path / "cache")
+    _, target, _, _ = gguf.cached(str(source), cache)
+    target.parent.mkdir(parents=True)
+    (target.parent / f".tmp-{target.name}-999999").mkdir()  # a converter killed half-way
+    target.mkdir()  # renamed without its record: not trusted
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(gguf.convert(str(source), cache, log=lambda _: None)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [target, target] and len(calls) == 1
+    assert sorted(p.name for p in target.iterdir()) == sorted(["config.json", "model.safetensors", gguf.DONE])
+    assert [p.name for p in target.parent.iterdir() if p.name.startswith(".tmp-")] == []
+    assert gguf.convert(str(source), cache) == target and len(calls) == 1  # cached from now on
