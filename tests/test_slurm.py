@@ -75,6 +75,7 @@ def test_extra_sbatch_forms():
         parse_extra_sbatch(["-x"])
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_result_comes_back_with_its_log(slurm, tmp_path):
     ex = executor(
         tmp_path, partition="debug", account="root", qos="normal", constraint="local", extra_sbatch=["--comment=pv"]
@@ -90,6 +91,7 @@ def test_result_comes_back_with_its_log(slurm, tmp_path):
     assert f"hello from SLURM job {job.job_id}" in job.stdout()
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_two_jobs_run_concurrently(slurm, tmp_path):
     assert int(slurm.get("DefMemPerCPU", "0")) > 0, "without DefMemPerCPU one job takes the whole node"
     cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0])
@@ -102,6 +104,7 @@ def test_two_jobs_run_concurrently(slurm, tmp_path):
     assert wait_states(jobs, FINISHED) == {"a": "COMPLETED", "b": "COMPLETED"}
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_cancel_all_cancels_a_sleeping_job(slurm, tmp_path):
     ex = executor(tmp_path)
     job = ex.submit(time.sleep, 300)
@@ -119,6 +122,7 @@ def test_cancel_all_cancels_a_sleeping_job(slurm, tmp_path):
         assert job.done() and job.state.startswith("CANCELLED")
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_a_run_with_every_role_a_slurm_job(slurm, tmp_path):
     """launcher=slurm end to end: warm start, then the roles as sbatch jobs; the conductor sees them finish and
     cancels what is left; nothing stays queued."""
@@ -147,6 +151,7 @@ def test_a_run_with_every_role_a_slurm_job(slurm, tmp_path):
     assert states["policy_trainer"] == "COMPLETED" and set(states.values()) <= {"COMPLETED", "CANCELLED"}, shown
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_launcher_slurm_config_is_checked_against_the_cluster(slurm):
     from prime_values.__main__ import precheck
 
