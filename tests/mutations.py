@@ -103,21 +103,22 @@ def copy_tree(dest: Path) -> None:
             os.symlink(os.readlink(src), dest / name)
 
 
-def apply(mutation: Mutation, tree: Path) -> None:
+def apply(mutation: Mutation, tree: Path, dry_run: bool = False) -> None:
     path = tree / mutation.path
     text = path.read_text()
     count = text.count(mutation.old)
     if count != 1:
         raise LookupError(f"mutation {mutation.name}: its old text occurs {count} times in {mutation.path} "
                           f"(the code moved: update tests/mutations.py)")
-    path.write_text(text.replace(mutation.old, mutation.new))
+    if not dry_run:
+        path.write_text(text.replace(mutation.old, mutation.new))
 
 
 def run_tests(tree: Path, tests: tuple[str, ...], timeout_s: float) -> tuple[list[str], str, float]:
     """The failed test ids, the output's tail, the seconds taken."""
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
            # a broken run usually hangs (a critic that never publishes stalls a gated run): give up sooner
-           "PV_TEST_RUN_TIMEOUT": os.environ.get("PV_TEST_RUN_TIMEOUT", "240")}
+           "PV_TEST_RUN_TIMEOUT": os.environ.get("PV_TEST_RUN_TIMEOUT", "180")}
     began = time.time()
     try:
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line",
@@ -128,6 +129,9 @@ def run_tests(tree: Path, tests: tuple[str, ...], timeout_s: float) -> tuple[lis
         text = (expired.stdout or b"").decode(errors="replace") if isinstance(expired.stdout, bytes) \
             else (expired.stdout or "")
         text += f"\nTIMEOUT after {timeout_s:.0f} s"
+    if "ERROR collecting" in text or "error during collection" in text:
+        raise RuntimeError(f"the mutated tree's tests did not even collect (a broken harness, not a catch):\n"
+                           f"{text[-3000:]}")
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)))
     if "TIMEOUT after" in text:
         failed.append("(timeout)")
@@ -138,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", default=[], help="a mutation's name (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the mutations and their tests")
+    parser.add_argument("--check", action="store_true", help="only check that every mutation still applies")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per mutation's tests")
     parser.add_argument("--verbose", action="store_true", help="print each run's output tail")
     args = parser.parse_args(argv)
@@ -149,6 +154,16 @@ def main(argv: list[str] | None = None) -> int:
         for m in chosen:
             print(f"{m.name:26} {m.path}: breaks '{m.promise}'\n{'':26} runs {' '.join(m.tests)}")
         return 0
+    if args.check:
+        problems = 0
+        for m in chosen:
+            try:
+                apply(m, REPO, dry_run=True)
+            except LookupError as error:
+                print(error)
+                problems += 1
+        print(f"{len(chosen) - problems} of {len(chosen)} mutations apply")
+        return 2 if problems else 0
     results = []
     for m in chosen:
         with tempfile.TemporaryDirectory(prefix=f"pv-mutant-{m.name}-") as tmp:
