@@ -95,10 +95,13 @@ def recovery_times(run_dir: Path, killed: list[dict]) -> list[float | None]:
 
 
 def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.0, max_gap_s: float = 12.0,
-          seed: int = 0, roles: tuple[str, ...] = ROLES, timeout_s: float = 3600, out=sys.stdout) -> dict:
+          seed: int = 0, roles: tuple[str, ...] = ROLES, timeout_s: float = 3600, out=sys.stdout,
+          stop_after_steps: int | None = None) -> dict:
     """Run the experiment with `overrides` in `run_dir`, killing a role `kills` times once RL has started
     (each role in turn, in a seeded random order, at random gaps).
-    Returns the report (also written to `<run_dir>/chaos.json`)."""
+    With `stop_after_steps`, once every kill is done the run goes on for that many more policy steps and is then
+    asked to stop (the control file): the kills cannot race the run's own end, however fast the machine (give
+    `steps` more than the kills can take). Returns the report (also written to `<run_dir>/chaos.json`)."""
     rng = random.Random(seed)
     run_dir = Path(run_dir).resolve()
     command = [sys.executable, "-m", "prime_values", *overrides, f"hydra.run.dir={run_dir}",
@@ -124,6 +127,11 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
                          "policy_step": policy_step(run_dir)})
             print(f"chaos: killed {name} at {done[-1]['at_s']} s (policy step {done[-1]['policy_step']})",
                   file=out, flush=True)
+        if stop_after_steps is not None and conductor.poll() is None:
+            target = policy_step(run_dir) + stop_after_steps  # every role resumed and the run still progresses
+            while conductor.poll() is None and policy_step(run_dir) < target and time.time() - began < timeout_s:
+                time.sleep(0.2)
+            RunDir(run_dir).request_stop(f"chaos: {len(done)} kills done, {stop_after_steps} policy steps after")
         output, _ = conductor.communicate(timeout=max(timeout_s - (time.time() - began), 60))
         run_wall_s = time.time() - began
     finally:

@@ -8,15 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_bench_suite_smoke(tmp_path):
     import os
 
+    from e2e_helpers import assert_learned, checkpoint
+
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-    out = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--keep-runs", "--out", str(tmp_path / "res")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    # version 0 of every pipeline run: the test session's (SFT'd on one-digit sums, the smoke task), so the runs
+    # earn reward; an untrained version 0 would leave every reward, advantage and gradient at 0
+    out = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--keep-runs", "--out", str(tmp_path / "res"),
+                          "--warm", str(checkpoint())], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                         env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads((tmp_path / "res" / "results.json").read_text())
     measures = [r["measure"] for r in result["rows"]]
@@ -37,6 +45,9 @@ def test_bench_suite_smoke(tmp_path):
     for row in batches:
         assert row["policy_version"] == row["step"] - 1, "lockstep batch n must come from policy version n - 1"
         assert row["critic_version"] == row["step"] - 1, "batch n is scored by critic version n - 1"
+    assert_learned(Path(lockstep["run_dir"]), critic=True, lockstep=True)
+    for name in ("async", "colocated", "grpo"):
+        assert_learned(Path(runs[name][0]["run_dir"]), critic=name != "grpo")
     for case in runs.values():
         fr = case[0]["time_fractions"]["policy_trainer"]
         assert 0 <= fr["wait"] <= 1 and 0.5 < fr["compute"] + fr["wait"] + fr["io"] <= 1.05, fr

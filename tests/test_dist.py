@@ -340,6 +340,7 @@ def test_auto_devices_give_a_trainer_consecutive_gpus():
         == ["cuda:0", "cuda:1", "cuda:2", "cuda:4"]
 
 
+@pytest.mark.slow
 def test_pipeline_with_two_process_trainers(tmp_path):
     from test_pipeline import processes_mentioning, run_pipeline
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification

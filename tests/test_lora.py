@@ -225,6 +225,7 @@ def test_config_checks():
     assert line and "critic.lora" in line
 
 
+@pytest.mark.slow
 def test_pipeline_with_lora_policy_and_critic(tmp_path):
     """A short real run: every policy version after 0 is an adapter, the evaluator adopts several critic versions."""
     import pyarrow.dataset as ds

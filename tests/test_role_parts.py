@@ -354,6 +354,20 @@ def test_ready_groups_take_one_chunk_of_every_worker():
     assert ready.take() is None
 
 
+def test_drop_stale_keeps_exactly_max_off_policy_and_drops_one_more():
+    """The bound's edge (tests/mutations.py, staleness-off-by-one, survived every other test): for step n a group of
+    policy version v is (n - 1) - v steps stale; max_off_policy = k keeps k and drops k + 1."""
+    from prime_values.roles.orchestrator import ReadyGroups
+
+    for k in (0, 1, 2):
+        step = 10
+        ready = ReadyGroups(workers=1, per_worker=1)
+        ready.add({"rollouts": [{"shard": "w0", "policy_version": step - 1 - (k + 1)}] * 3})  # k + 1 stale
+        ready.add({"rollouts": [{"shard": "w0", "policy_version": step - 1 - k}] * 3})  # k stale
+        assert ready.drop_stale(step=step, max_off_policy=k) == 3 and len(ready) == 1, k
+        assert ready.take()[0]["rollouts"][0]["policy_version"] == step - 1 - k
+
+
 def test_initial_critic_follows_critic_init_and_num_layers(tmp_path):
     """The warm start's untrained critic: the policy's backbone (first num_layers blocks), a fresh model from
     policy.arch, or a saved critic cut to num_layers."""

@@ -39,6 +39,7 @@ def test_the_doc_has_the_examples():
     assert 'load_dataset("arrow", data_files=f"{run}/log/rollouts/*/*.arrow", split="train")' in text
 
 
+@pytest.mark.slow
 def test_documented_code_runs_and_agrees(tmp_path_factory, monkeypatch, capsys):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf_datasets_cache")))
     run = small_run(tmp_path_factory)

@@ -173,6 +173,7 @@ def test_incremental_pieces_with_a_byte_level_bpe():
     assert len(pieces) == len(ids)
 
 
+@pytest.mark.slow
 def test_on_a_real_run(tmp_path_factory):
     from test_rollouts_dataset import small_run
 

@@ -74,6 +74,7 @@ def test_extra_sbatch_forms():
         parse_extra_sbatch(["-x"])
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_result_comes_back_with_its_log(slurm, tmp_path):
     ex = executor(
         tmp_path, partition="debug", account="root", qos="normal", constraint="local", extra_sbatch=["--comment=pv"]
@@ -89,6 +90,7 @@ def test_result_comes_back_with_its_log(slurm, tmp_path):
     assert f"hello from SLURM job {job.job_id}" in job.stdout()
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_two_jobs_run_concurrently(slurm, tmp_path):
     assert int(slurm.get("DefMemPerCPU", "0")) > 0, "without DefMemPerCPU one job takes the whole node"
     cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0])
@@ -101,6 +103,7 @@ def test_two_jobs_run_concurrently(slurm, tmp_path):
     assert wait_states(jobs, FINISHED) == {"a": "COMPLETED", "b": "COMPLETED"}
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_cancel_all_cancels_a_sleeping_job(slurm, tmp_path):
     ex = executor(tmp_path)
     job = ex.submit(time.sleep, 300)
@@ -148,6 +151,7 @@ def _wait_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
         time.sleep(0.5)
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
     """launcher=slurm end to end on the node's real CPUs: the whole critic pipeline is one sbatch job (2 CPUs its
     roles share), each role an srun step of it (the policy trainer two processes). A killed role comes back as a
@@ -197,6 +201,7 @@ def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
     assert "(slurm): ended, finished" in shown and "pipeline" in shown, shown
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_a_pipeline_too_big_for_the_partition_fails_in_one_line(slurm, tmp_path):
     result = cli("+experiment=arith", "launcher=slurm", "launcher.cpus=64", f"hydra.run.dir={tmp_path / 'run'}",
                  timeout=120)
@@ -207,6 +212,7 @@ def test_a_pipeline_too_big_for_the_partition_fails_in_one_line(slurm, tmp_path)
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_a_queued_pipeline_says_so(slurm, tmp_path):
     """The node is busy: the pipeline's one job waits whole (nothing of it runs), and status says why."""
     cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
@@ -228,6 +234,7 @@ def test_a_queued_pipeline_says_so(slurm, tmp_path):
         subprocess.run(["scancel", hog, *job], check=False)
 
 
+@pytest.mark.slow  # a real SLURM daemon
 def test_launcher_slurm_config_is_checked_against_the_cluster(slurm):
     from prime_values.__main__ import precheck
 

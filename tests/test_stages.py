@@ -150,6 +150,7 @@ def math_run(tmp_path_factory):
     return run_dir, result
 
 
+@pytest.mark.slow
 def test_math_pipeline_runs_sft_rl_eval(math_run):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -177,6 +178,7 @@ def test_math_pipeline_runs_sft_rl_eval(math_run):
     assert "pass@2" in result.stdout and "stages: sft done; rl done; eval done" in result.stdout
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_stages_and_redoes_a_changed_one(math_run):
     run_dir, _ = math_run
     submitted = sorted(p.name for p in run_dir.glob("jobs/*/*_submitted.pkl"))
@@ -192,6 +194,7 @@ def test_rerun_skips_finished_stages_and_redoes_a_changed_one(math_run):
     assert json.loads((run_dir / "stages" / "eval" / "results.json").read_text())["samples"] == 1
 
 
+@pytest.mark.slow
 def test_stage_eval_alone_in_a_multirun(math_run, tmp_path):
     run_dir, _ = math_run
     model = run_dir / "stages" / "sft" / "model"
@@ -205,6 +208,7 @@ def test_stage_eval_alone_in_a_multirun(math_run, tmp_path):
         assert not (sweep / point / "stages" / "sft").exists() and not (sweep / point / "weights").exists()
 
 
+@pytest.mark.slow
 def test_sft_from_an_earlier_runs_rollouts(math_run, tmp_path):
     run_dir, _ = math_run
     out = tmp_path / "sft_run"
@@ -223,6 +227,7 @@ def test_sft_from_an_earlier_runs_rollouts(math_run, tmp_path):
     assert none.returncode == 1 and "has reward >= sft.min_reward=2.0" in none.stderr, none.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_gpu_check_figures_from_the_math_run(math_run):
     """recipes/math_gpu_check.py (the one-GPU check of this recipe) reads its figures from a real run's metrics:
     inference tokens/s, evaluator scoring tokens/s, policy- and value-trainer step times; and every role and stage

@@ -8,11 +8,17 @@ import os
 import subprocess
 import sys
 
-from test_pipeline import REPO, SMALL, processes_mentioning
+import pytest
+
+from e2e_helpers import REPO, SMALL, assert_learned, processes_mentioning, seed_version_zero
+
+pytestmark = pytest.mark.slow
 
 
 def test_multirun_points_and_sweep_summary(tmp_path):
     sweep = tmp_path / "sweep"
+    for point in ("0", "1"):  # each point's run directory gets the session's version 0: no warm start
+        seed_version_zero(sweep / point)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     args = [a for a in SMALL if not a.startswith("steps=")]
     result = subprocess.run([sys.executable, "-m", "prime_values", "-m", *args, "advantage=grpo", "steps=2",
@@ -21,6 +27,7 @@ def test_multirun_points_and_sweep_summary(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     for point in ("0", "1"):
         assert json.loads((sweep / point / "report" / "summary.json").read_text())["status"] == "finished"
+        assert_learned(sweep / point, critic=False)
     rows = json.loads((sweep / "sweep_summary.json").read_text())
     assert [r["point"] for r in rows] == ["0", "1"]
     assert ["seed=0" in r["overrides"] for r in rows] == [True, False] and "seed=1" in rows[1]["overrides"]

@@ -1,0 +1,179 @@
+"""What the end-to-end tests share: the small configuration they run, a policy/critic version 0 made once per
+test session by the real warm-start role and seeded into each run directory, and the checks that learning
+happened (not only that the roles ran).
+
+Why seed version 0: the warm start of a test run used to be 10 SFT steps of a tiny model, which solves nothing,
+so every reward, advantage and gradient of the run was 0 and a policy update that did nothing (or the wrong
+thing) passed. The session's version 0 is SFT'd on one-digit sums until it solves about half of a validation
+sample, so sampled groups hold both right and wrong answers: rewards vary, advantages and gradients are nonzero.
+A run directory that already holds policy and critic version 0 skips its warm start (roles/warm_start.py), so
+seeding also saves each run its SFT and critic pretraining.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow.dataset as ds
+
+from prime_values.monitor import read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+# one-digit sums (task.digits=1): a 0.2M-parameter policy solves about half of them after ~100 SFT steps
+SMALL = ["+experiment=arith", "task.digits=1", "steps=8", "eval_every=4", "policy.warm_start.steps=10",
+         "task.heldout_size=16", "inference.prompts_per_step=4", "inference.group_size=4", "replay.min_rollouts=16",
+         "critic.batch_rollouts=16", "critic.publish_every=1", "launcher.poll_s=0.2", "launcher.stop_grace_s=20",
+         # a smaller model and a short critic pretraining (when a run makes its own version 0)
+         "policy.arch.hidden_size=64", "policy.arch.num_heads=2", "policy.arch.num_kv_heads=1",
+         "policy.arch.intermediate_size=128", "critic.warm_start.steps=5", "critic.warm_start.rollouts=64"]
+
+# how the session's version 0 is made: SMALL's task and model, SFT until half of a validation sample of training
+# problems is solved (at most 400 steps), the critic pretrained on 256 Monte-Carlo returns of v0's own samples
+CHECKPOINT = [*SMALL, "policy.warm_start.steps=400", "policy.warm_start.target_accuracy=0.5",
+              "policy.warm_start.batch_size=64", "policy.warm_start.lr=3e-3",
+              "critic.warm_start.steps=40", "critic.warm_start.rollouts=256"]
+
+_checkpoint: Path | None = None
+
+
+def env_for_runs(extra: dict | None = None) -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", **(extra or {})}
+
+
+def compose(overrides: list[str]):
+    """The resolved config `python -m prime_values <overrides>` would save to a run's config.yaml (on CPU)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from prime_values import config
+    from prime_values.__main__ import CONF_DIR
+    from prime_values.launch import resolve_devices
+
+    config.register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+    config.validate(cfg, cuda_count=0)
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    resolve_devices(cfg.topology, 0)
+    return cfg
+
+
+def checkpoint() -> Path:
+    """A directory holding weights/policy/0 and weights/critic/0, made once per test session (per process) by the
+    real warm-start role (prime_values.roles.warm_start.main) on the CHECKPOINT config; ~10-30 s on 2 cores."""
+    global _checkpoint
+    if _checkpoint is not None and (_checkpoint / "weights" / "critic" / "LATEST").exists():
+        return _checkpoint
+    from omegaconf import OmegaConf
+
+    root = Path(tempfile.mkdtemp(prefix="pv-test-v0-"))
+    atexit.register(shutil.rmtree, root, True)
+    (root / "config.yaml").write_text(OmegaConf.to_yaml(compose(CHECKPOINT)))
+    result = subprocess.run([sys.executable, "-c", "import sys; from prime_values.roles.warm_start import main; "
+                             "main(sys.argv[1])", str(root)], cwd=REPO, env=env_for_runs(), capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    accuracy = [m["heldout_accuracy"] for m in read_metrics(root / "metrics" / "warm_start.jsonl")
+                if "heldout_accuracy" in m]
+    # the point of the checkpoint: neither hopeless nor solved, so sampled groups mix rewards 0 and 1
+    assert accuracy and 0.15 <= accuracy[-1] <= 0.95, f"version 0's held-out accuracy {accuracy} is out of band"
+    _checkpoint = root
+    return root
+
+
+def seed_version_zero(run_dir: Path) -> Path:
+    """Publish the session's policy and critic version 0 into `run_dir` (whose warm start then does nothing)."""
+    from prime_values.weights import publish
+
+    source = checkpoint() / "weights"
+    for name in ("policy", "critic"):
+        publish(Path(run_dir) / "weights" / name, 0,
+                lambda out, name=name: shutil.copytree(source / name / "0", out, dirs_exist_ok=True))
+    return run_dir
+
+
+def run_pipeline(run_dir: Path, *extra: str, env: dict | None = None, cwd: Path = REPO, seed: bool = True,
+                 timeout: int | None = None) -> subprocess.CompletedProcess:
+    """`python -m prime_values SMALL... extra... hydra.run.dir=run_dir`; with `seed`, version 0 is the session's.
+    `timeout` defaults to $PV_TEST_RUN_TIMEOUT or 400 s (tests/mutations.py lowers it: a broken run often hangs)."""
+    if seed:
+        seed_version_zero(run_dir)
+    timeout = timeout or int(os.environ.get("PV_TEST_RUN_TIMEOUT", "400"))
+    return subprocess.run([sys.executable, "-m", "prime_values", *SMALL, *extra, f"hydra.run.dir={run_dir}"],
+                          cwd=cwd, env=env_for_runs(env), capture_output=True, text=True, timeout=timeout)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def stream_table(run_dir: Path, stream: str):
+    return ds.dataset(str(Path(run_dir) / "log" / stream), format="arrow").to_table()
+
+
+def _weights(version_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(version_dir / "model.safetensors"))
+
+
+def weights_changed(root: Path, version: int) -> float:
+    """The largest absolute difference between any weight of `version` and of version 0 under `root`."""
+    before, after = _weights(root / "0"), _weights(root / str(version))
+    assert before.keys() == after.keys(), "versions 0 and the last one hold different tensors"
+    return max((after[k].float() - before[k].float()).abs().max().item() for k in before)
+
+
+def assert_learned(run_dir: Path, critic: bool = True, lockstep: bool = False) -> dict:
+    """The run did learn, not only run: rewards vary (so advantages can be nonzero), advantages are nonzero, the
+    policy gradient is nonzero, the last policy version differs from version 0; with a critic, its last version
+    differs from its version 0 and its loss moved; in lockstep mode the first step is on-policy (importance ratio 1
+    within 1e-3). Returns the figures it checked (printed on failure)."""
+    run_dir = Path(run_dir)
+    batches = stream_table(run_dir, "batches").to_pylist()
+    rewards = [r["reward"] for r in batches]
+    advantages = [a for r in batches for a, m in zip(r["advantages"], r["policy_mask"]) if m]
+    steps = [m for m in read_metrics(run_dir / "metrics" / "policy_trainer.jsonl") if "loss" in m]
+    last = int((run_dir / "weights" / "policy" / "LATEST").read_text())
+    figures = {"reward_mean": sum(rewards) / len(rewards), "rewards_distinct": sorted(set(rewards)),
+               "advantage_abs_mean": sum(abs(a) for a in advantages) / len(advantages),
+               "grad_norms": [m.get("grad_norm") for m in steps],
+               "policy_weight_change": weights_changed(run_dir / "weights" / "policy", last)}
+    assert len(set(rewards)) >= 2, f"every reward in the batches is {rewards[0]}: nothing to learn from {figures}"
+    assert figures["advantage_abs_mean"] > 1e-3, f"the advantages are all ~0: {figures}"
+    # a step whose every group is all-right or all-wrong has zero advantages under grpo: most steps must not
+    nonzero = [g for g in figures["grad_norms"] if g is not None and g > 1e-6]
+    assert len(nonzero) * 2 >= len(steps), f"the policy gradient was zero at most steps: {figures}"
+    # an AdamW step with a nonzero gradient moves a weight by up to ~lr, far above float32 resolution at these sizes
+    assert figures["policy_weight_change"] > 0, f"policy version {last} is version 0's weights: {figures}"
+    if critic:
+        critic_steps = [m for m in read_metrics(run_dir / "metrics" / "value_trainer.jsonl") if "value_loss" in m]
+        losses = [m["value_loss"] for m in critic_steps]
+        critic_last = int((run_dir / "weights" / "critic" / "LATEST").read_text())
+        figures.update(value_losses=losses, critic_last=critic_last,
+                       critic_weight_change=weights_changed(run_dir / "weights" / "critic", critic_last))
+        assert critic_last >= 1 and figures["critic_weight_change"] > 0, f"the critic never changed: {figures}"
+        assert len(losses) >= 2 and max(losses) - min(losses) > 1e-6, f"the critic's loss never moved: {figures}"
+    if lockstep:
+        first = steps[0]
+        figures["first_ratio_mean"] = first["ratio_mean"]
+        # batch 1 was sampled by version 0 and is trained on by version 0: the ratio of the trainer's logprobs to
+        # the sampler's is 1 up to the float32 difference of a cached decode and one teacher-forced pass (~1e-6)
+        assert abs(first["ratio_mean"] - 1) < 1e-3, f"lockstep step 1 is not on-policy: {figures}"
+    return figures
