@@ -118,3 +118,31 @@ def test_bad_reasoning_gym_configs_fail_in_one_line(overrides, fragment):
 
 def test_a_good_config_passes_the_precheck():
     assert precheck(["task=reasoning_gym", "task.dataset=chain_sum", "task.chat=false"]) is None
+
+
+def test_paired_heldout_interval_and_format_split(tmp_path):
+    """bench/paired_heldout.py on two hand-made evaluations: the paired gain, its interval and the exact split
+    of the gain into format and correctness among parsable replies."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import paired_heldout
+
+    def write(step, rows):
+        d = tmp_path / "metrics" / "heldout"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"step_{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    n = 200  # before: 100 parsable, 50 of them right; after: 180 parsable, 120 right
+    before = [{"prompt_id": f"p{i}", "reward": float(i < 50), "parsable": i < 100} for i in range(n)]
+    after = [{"prompt_id": f"p{i}", "reward": float(i < 120), "parsable": i < 180, "response_tokens": 40,
+              "stop_reason": "eos"} for i in range(n)]
+    write(0, before)
+    write(30, after)
+    out = paired_heldout.main([str(tmp_path)])
+    assert (out["before"], out["after"], out["wins"], out["losses"]) == (0.25, 0.6, 70, 0)
+    assert abs(out["gain"] - 0.35) < 1e-12 and out["ci95"][0] > 0.28 and out["mcnemar_p"] < 1e-9
+    assert abs(out["gain_format"] + out["gain_correctness"] - out["gain"]) < 1e-12
+    assert abs(out["gain_format"] - 0.4 * 0.5) < 1e-12  # (p1 - p0) c0: parsable 0.5 -> 0.9, c0 = 0.5

@@ -5,6 +5,7 @@ It never loads a critic: the advantages arrive in the batch, computed by the orc
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -15,6 +16,7 @@ from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import attention_mask, padded
+from prime_values.rundir import write_atomic
 from prime_values.weights import prune, publish, resume, version_dir
 
 
@@ -126,11 +128,17 @@ def main(run_dir: str) -> None:
     reader = ctx.reader("batches", "policy_trainer") if group.main else None
 
     def evaluate(step: int, full) -> None:  # full: the whole model (rank 0's unsharded copy when sharded)
+        records: list[dict] = []
+        began = time.time()
         with timers.time("compute"):
             accuracy = heldout_accuracy(full.to(device).eval(), tokenizer, task, heldout,
-                                        cfg.inference.max_new_tokens)
+                                        cfg.inference.max_new_tokens, per_problem=records)
         model.train()
-        ctx.metrics.log(step=step, heldout_accuracy=accuracy, **timers.snapshot())
+        # each problem's outcome, for paired before/after comparisons (bench/paired_heldout.py)
+        path = ctx.run.root / "metrics" / "heldout" / f"step_{step:06d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+        ctx.metrics.log(step=step, heldout_accuracy=accuracy, heldout_s=time.time() - began, **timers.snapshot())
 
     if start == 0:
         full = dist.unsharded(model)
