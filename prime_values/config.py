@@ -80,7 +80,12 @@ class LoraSettings:
 @dataclass
 class PolicyConfig:
     model: str = "tiny"
-    """'tiny' builds the embedded model from `arch`; anything else is a path/name for from_pretrained"""
+    """'tiny' builds the embedded model from `arch`; a GGUF file (a path ending in .gguf, or '<package>:<file>.gguf'
+    for one an installed package ships, e.g. policy=smollm2_135m) is converted once into a from_pretrained directory
+    under `cache_dir` before any job starts (docs/real_model.md); anything else is a path/name for from_pretrained"""
+    cache_dir: str = ""
+    """where GGUF conversions are kept (policy.model=*.gguf), reused by every role, stage and later run; '' =
+    $PRIME_VALUES_CACHE, else ~/.cache/prime_values"""
     arch: TinyArch = field(default_factory=TinyArch)
     """architecture of the embedded model (used when model='tiny'; the critic reuses it)"""
     attn_implementation: str = "auto"
@@ -747,7 +752,14 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
         return value.startswith(("/", "./", "../", "~")) or value in (".", "..")
 
     model = cfg.policy.model
-    if model != "tiny" and not Path(model).expanduser().is_dir() and (path_like(model) or "/" not in model):
+    from prime_values.gguf import GGUFError, check_source as check_gguf, is_gguf
+
+    if is_gguf(model):
+        try:
+            check_gguf(model, cfg.policy.cache_dir)
+        except GGUFError as error:
+            raise ConfigError(str(error)) from None
+    elif model != "tiny" and not Path(model).expanduser().is_dir() and (path_like(model) or "/" not in model):
         raise ConfigError(f"policy.model={model!r} is neither 'tiny' nor an existing directory; give the path of a "
                           "from_pretrained directory, a hub id like 'Qwen/Qwen3-0.6B', or 'tiny'")
     init = cfg.critic.init

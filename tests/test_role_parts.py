@@ -380,3 +380,41 @@ def test_initial_critic_follows_critic_init_and_num_layers(tmp_path):
     saved = initial_critic(cfg, tmp_path / "policy", tok, seed=1)
     assert len(saved.model.layers) == 1
     assert torch.equal(saved.score.weight, from_policy.score.weight)  # the saved head, not a fresh one
+
+
+@pytest.mark.parametrize("loss", ["mse", "bce"])
+def test_critic_step_targets_with_lambda_below_one_bootstrap_a_cut_trace_as_the_orchestrator_does(loss):
+    """lambda_value < 1: the value trainer recomputes the targets with its own critic; for a trace the critic's
+    context cut they must bootstrap with V(s_cut) (the reward lies beyond the cut), exactly as `score_group`
+    computes them from the evaluator's scores of the same critic, and as `advantages_and_targets` defines them."""
+    from prime_values.algo.gae import advantages_and_targets
+    from prime_values.models import build_char_tokenizer, build_critic
+    from prime_values.roles.critic_io import value_targets
+
+    cfg = OmegaConf.structured(Config)
+    cfg.critic.loss, cfg.advantage.lambda_value, cfg.advantage.gamma = loss, 0.5, 1.0
+    cfg.critic.privileged, cfg.critic.template, cfg.critic.max_length = True, "{privileged}|", 8
+    tok = build_char_tokenizer()
+    critic = build_critic(None, tok, seed=0, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128)
+    critic.eval()
+    # "42|" + 2 prompt tokens + 3 response tokens = 8 fits; "42|" + 2 + 5 = 10 is cut after 3 response tokens
+    rows = [rollout("fits", "g", 1.0, response=(7, 8, 2)), rollout("cut", "g", 1.0, response=(7, 8, 9, 10, 2))]
+    inputs = CriticInputs.of(rows, tok, cfg.critic)
+    with torch.no_grad():
+        values = inputs.values(critic, loss)
+    assert inputs.cut == [False, True] and inputs.valued_tokens == [5, 5]
+    mine = value_targets(rows, inputs, values, cfg)
+    rewards = torch.tensor([1.0, 1.0])
+    _, expected = advantages_and_targets(rewards, values, inputs.policy_mask, 1.0, 1.0, 0.5,
+                                         bootstrap=inputs.bootstrap, cut=torch.tensor(inputs.cut))
+    assert torch.allclose(mine, expected, atol=1e-6)
+    # the cut trace's last valued token targets V(s_cut), not the reward (which a wrong target would put there)
+    assert mine[1, 4].item() == pytest.approx(inputs.bootstrap[1].item(), abs=1e-6)
+    assert (mine[1, 5:] == 0).all()  # beyond the cut: no target
+    assert mine[0, 4].item() == pytest.approx(1.0)  # the trace that fits ends on its reward
+    scores = [{"rollout_id": r["rollout_id"], "critic_version": 0, "values": values[b, : len(r["token_ids"])].tolist(),
+               "cut": inputs.cut[b], "valued_tokens": inputs.valued_tokens[b],
+               "bootstrap_value": float(inputs.bootstrap[b]) if inputs.cut[b] else 0.0, "scored_at": 0.0}
+              for b, r in enumerate(rows)]
+    orchestrator = score_group(rows, scores, cfg)["targets"]
+    assert torch.allclose(mine, orchestrator, atol=1e-6)

@@ -58,9 +58,8 @@ class CriticInputs:
 
         critic_out = critic_values(critic, self.input_ids, self.attention_mask)  # [B, L]
         last = self.attention_mask.sum(dim=1) - 1
-        self.bootstrap = critic_out[torch.arange(len(last)), last]  # V(s_cut): only meaningful where cut
-        if head is not None:
-            self.bootstrap = values_from_head(self.bootstrap, head)
+        self.raw_bootstrap = critic_out[torch.arange(len(last)), last]  # the head's V(s_cut): meaningful where cut
+        self.bootstrap = self.raw_bootstrap if head is None else values_from_head(self.raw_bootstrap, head)
         raw = batch_values_to_policy_layout(critic_out, self.prefix_lens, self.policy_mask)
         return raw if head is None else torch.where(self.policy_mask, values_from_head(raw, head), raw)
 
@@ -82,21 +81,36 @@ def attention_mask(rows: list[dict]) -> torch.Tensor:
     return (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()
 
 
+def value_targets(rows: list[dict], inputs: CriticInputs, values: torch.Tensor, cfg) -> torch.Tensor:
+    """[B, T] value targets of `rows` for the critic whose `values` (policy layout, after the head) `inputs` holds.
+
+    advantage.lambda_value = 1: the stored targets (Monte-Carlo returns, or V(s_cut) for a cut trace). Below 1:
+    the λ-returns recomputed from these values with the same ends as the orchestrator's (`score_group`): a trace
+    the critic's context cut bootstraps with this critic's V(s_cut) (`inputs.raw_bootstrap`) instead of taking the
+    reward, which lies beyond the cut. Call after `inputs.values(...)` (it sets `inputs.raw_bootstrap`)."""
+    adv = cfg.advantage
+    device = values.device
+    if adv.lambda_value >= 1:
+        return padded(rows, "value_targets", torch.float32, length=values.shape[1]).to(device)
+    rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float32, device=device)
+    bootstrap = values_from_head(inputs.raw_bootstrap.detach().float(), cfg.critic.loss)
+    cut = torch.tensor(inputs.cut, dtype=torch.bool, device=device)
+    _, targets = gae(rewards, values.detach(), inputs.policy_mask, adv.gamma, adv.lambda_value, bootstrap, cut)
+    return targets
+
+
 def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg, device: str) -> dict:
     """One critic optimizer step on replay rows (targets rows: token ids, mask, reward, values, value_targets).
 
     With advantage.lambda_value < 1 the stored targets mixed in the values of the critic that scored the
-    rollout; they are recomputed here with the current critic (one extra no-grad forward), so old replay data
-    does not pull the critic back toward its past self. With lambda_value = 1 they are Monte-Carlo returns."""
-    ccfg, adv = cfg.critic, cfg.advantage
+    rollout; they are recomputed here with the current critic's values of the same forward (`value_targets`:
+    a cut trace bootstraps with V(s_cut), as the orchestrator's targets do), so old replay data does not pull the
+    critic back toward its past self. With lambda_value = 1 they are Monte-Carlo returns."""
+    ccfg = cfg.critic
     inputs = CriticInputs.of(rows, tokenizer, ccfg, device)
     raw = inputs.values(critic, head=None)
     values = values_from_head(raw, ccfg.loss).where(inputs.policy_mask, torch.zeros_like(raw))
-    if adv.lambda_value < 1:
-        rewards = torch.tensor([r["reward"] for r in rows], dtype=torch.float32, device=device)
-        _, targets = gae(rewards, values.detach(), inputs.policy_mask, adv.gamma, adv.lambda_value)
-    else:
-        targets = padded(rows, "value_targets", torch.float32, length=values.shape[1]).to(device)
+    targets = value_targets(rows, inputs, values, cfg)
     clip = {}
     if ccfg.value_clip > 0 and "values" in rows[0]:  # pretraining rows were never scored: nothing to clip to
         old = padded(rows, "values", torch.float32, length=values.shape[1]).to(device)

@@ -157,6 +157,7 @@ def run_stages(cfg) -> dict:
         print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
     run = RunDir(HydraConfig.get().runtime.output_dir)
+    _prepare_model(cfg)
     signal.signal(signal.SIGTERM, _terminate)
     model, upstream, records = cfg.policy.model, None, {}
     try:
@@ -193,6 +194,22 @@ def run_stages(cfg) -> dict:
     if len(plan(cfg)) > 1 or plan(cfg) != ["rl"]:
         print("stages: " + "; ".join(f"{n} done" for n in records), flush=True)
     return records
+
+
+def _prepare_model(cfg) -> None:
+    """A GGUF policy.model becomes its converted from_pretrained directory (converted once into policy.cache_dir,
+    prime_values.gguf) before any job starts, so every stage and role, and `${policy.model}` wherever the config
+    interpolates it, see a plain directory."""
+    from prime_values.gguf import GGUFError, is_gguf, prepare
+
+    if not is_gguf(cfg.policy.model):
+        return
+    try:
+        cfg.policy.model = prepare(cfg.policy.model, cfg.policy.cache_dir)
+    except GGUFError as error:
+        print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    print(f"policy.model: {cfg.policy.model}", flush=True)
 
 
 def _run_sft(run, cfg, model, upstream, key) -> dict:
