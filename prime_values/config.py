@@ -548,6 +548,10 @@ class Config:
     """policy-trainer steps (= batches = published policy versions after 0)"""
     eval_every: int = 25
     """policy steps between held-out evaluations (also at the first and last step)"""
+    time_budget_min: float = 0.0
+    """0 = run all `steps`; else the policy trainer's last step is the one after which one more step and the final
+    held-out evaluation would end past this many minutes from the run's start (its config.yaml: launch or
+    resume), then it evaluates and finishes: `steps` becomes a cap (+experiment=smollm: 30 minutes on 2 cores)"""
     stages: List[str] = field(default_factory=lambda: ["rl"])
     """the experiment's stages in order, from 'sft', 'rl', 'eval'; each starts from the model the one before
     produced; a stage with `<run>/stages/<name>/done.json` is skipped on a rerun (docs/stages.md)"""
@@ -715,6 +719,8 @@ def validate(cfg, cuda_count: Optional[int] = None) -> None:
     for key in non_negative:
         if _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0")
+    if cfg.time_budget_min < 0:
+        raise ConfigError(f"time_budget_min={cfg.time_budget_min} must be >= 0 (0 = no budget: all steps run)")
     for key in ("log.keep_segments", "log.max_age_s"):
         if _get(cfg, key) is not None and _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0, or null to disable this retention rule")

@@ -93,6 +93,35 @@ def policy_lr(pcfg, step: int, steps: int) -> float:
     return pcfg.lr * min(1.0, (steps - step + 1) / (pcfg.lr_decay_steps + 1))
 
 
+class TimeBudget:
+    """``time_budget_min``: the run ends after the step that would otherwise leave too little time for one more
+    step and the final held-out evaluation, counted from the run's start (its config.yaml, written when the run
+    is launched or resumed). The next step is estimated as long as the last one, the evaluation as the step-0
+    one (from the trainer's metrics)."""
+
+    def __init__(self, minutes: float, config_path, metrics_path) -> None:
+        self.limit_s = float(minutes or 0) * 60
+        self.began = config_path.stat().st_mtime if self.limit_s and config_path.exists() else time.time()
+        self.metrics_path, self.previous = metrics_path, None
+
+    def eval_s(self) -> float:
+        import json as _json
+
+        if self.metrics_path is None or not self.metrics_path.exists():
+            return 0.0
+        spans = [r.get("heldout_s") for r in map(_json.loads, self.metrics_path.read_text().splitlines())
+                 if "heldout_s" in r]
+        return float(spans[0]) if spans else 0.0
+
+    def spent(self) -> bool:
+        if not self.limit_s:
+            return False
+        now = time.time()
+        step_s = now - self.previous if self.previous is not None else 0.0
+        self.previous = now
+        return now - self.began + step_s + self.eval_s() >= self.limit_s
+
+
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
@@ -144,7 +173,12 @@ def main(run_dir: str) -> None:
         full = dist.unsharded(model)
         if group.main:
             evaluate(0, full)  # the accuracy at the first RL step, before any update
+    budget = TimeBudget(cfg.time_budget_min, ctx.run.config, ctx.run.metrics("policy_trainer"))
+    last = start
     for step in range(start + 1, cfg.steps + 1):
+        if dist.broadcast(budget.spent() if group.main else None):
+            ctx.log.info("time_budget_min=%s: step %d is the last one", cfg.time_budget_min, last)
+            break
         waited = time.time()
         rows = dist.broadcast(next_rows(reader, ctx, step, timers) if group.main else None)
         if rows is None:
@@ -168,8 +202,11 @@ def main(run_dir: str) -> None:
                         reward_mean=sum(r["reward"] for r in rows) / len(rows),
                         off_policy_max=max((step - 1) - v for v in versions), step_wait_s=began - waited,
                         train_s=time.time() - began, rollouts=len(rows), **timers.snapshot())
+        last = step
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate(step, full)
     if group.main:
-        ctx.mark_done(step=cfg.steps)
+        if last < cfg.steps and last > start and last % cfg.eval_every:
+            evaluate(last, full)  # ended by the time budget: the final evaluation of the last version
+        ctx.mark_done(step=last)
     dist.teardown()
