@@ -291,7 +291,8 @@ class TopologyConfig:
 class TaskConfig:
     name: str = "arith"
     """task: 'arith' (procedural arithmetic, verified exactly), 'reverse_text' (reverse a generated string, partial
-    credit), 'math' (GSM8K/MATH-style data, math-verify) or 'verifiers' (an environment of the `verifiers` package)"""
+    credit), 'math' (GSM8K/MATH-style data, math-verify), 'reasoning_gym' (problems a reasoning-gym generator
+    makes offline, final answer checked by math-verify) or 'verifiers' (an environment of the `verifiers` package)"""
     digits: int = 2
     """digits per operand (each operand uniform in [0, 10**digits))"""
     min_digits: int = 0
@@ -323,23 +324,42 @@ class TaskConfig:
     heldout_split: str = "test"
     """math: split of heldout_data when it is a hub name"""
     prompt_template: str = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
-    """math: policy prompt; {question} is replaced, other braces are literal"""
+    """math, reasoning_gym: policy prompt; {question} is replaced, other braces are literal"""
     privileged_solution: bool = True
-    """math: the critic also sees the reference solution, not only the reference answer"""
+    """math, reasoning_gym: the critic also sees the reference solution (reasoning_gym: the generator's steps or
+    expression, where its metadata has them), not only the reference answer"""
     max_response_chars: int = 1024
-    """math: what task.max_answer_chars() reports (generation-budget hint)"""
+    """math, reasoning_gym: what task.max_answer_chars() reports (generation-budget hint)"""
     verifier_workers: int = 2
-    """math: math-verify worker processes"""
+    """math, reasoning_gym: math-verify worker processes"""
     verifier_timeout_s: float = 3.0
-    """math: per-check limit (fractions fine); +1 s grace, then the worker is killed and replaced"""
+    """math, reasoning_gym: per-check limit (fractions fine); +1 s grace, then the worker is killed and replaced"""
     verifier_batch_timeout_s: float = 60.0
-    """math: total deadline of one score_many batch; unfinished checks score 0"""
+    """math, reasoning_gym: total deadline of one score_many batch; unfinished checks score 0"""
     verifier_max_chars: int = 4096
-    """math: responses are cut to their last N characters before checking"""
+    """math, reasoning_gym: responses are cut to their last N characters before checking"""
     verifier_memory_mb: Optional[int] = 4096
-    """math: address-space limit per verifier worker (null: none)"""
+    """math, reasoning_gym: address-space limit per verifier worker (null: none)"""
     data_cache_dir: Optional[str] = None
     """math: HF datasets cache directory (default: HF_HOME)"""
+    dataset: str = ""
+    """reasoning_gym: the generator's name in reasoning_gym.factory.DATASETS (chain_sum, basic_arithmetic,
+    gsm_symbolic, ...); an unknown name fails before any job starts, listing the close matches"""
+    dataset_args: Dict[str, Any] = field(default_factory=dict)
+    """reasoning_gym: the generator's config fields, e.g. {min_terms: 2, max_terms: 2, min_digits: 1,
+    max_digits: 2} for chain_sum"""
+    dataset_size: int = 5000
+    """reasoning_gym: problems generated (with task.seed); the distinct questions, minus the held-out ones, are
+    the training pool"""
+    answer_format: str = "boxed"
+    """reasoning_gym: where the reward reads the final answer: 'boxed' (the last \\boxed{...}) or 'answer_line'
+    (the last line 'Answer: ...'); say the same in task.prompt_template. No final answer: reward 0"""
+    chat: bool = True
+    """reasoning_gym: render the prompt with task.chat_tokenizer's chat template (one user turn plus the
+    generation prompt); false: the template text as it is"""
+    chat_tokenizer: str = ""
+    """reasoning_gym: tokenizer whose chat template renders prompts (a from_pretrained directory or hub id;
+    conf/task/reasoning_gym.yaml sets it to ${policy.model})"""
     min_chars: int = 3
     """reverse_text: shortest generated string"""
     max_chars: int = 6
@@ -550,6 +570,10 @@ class Config:
     """policy-trainer steps (= batches = published policy versions after 0)"""
     eval_every: int = 25
     """policy steps between held-out evaluations (also at the first and last step)"""
+    time_budget_min: float = 0.0
+    """0 = run all `steps`; else the policy trainer's last step is the one after which one more step and the final
+    held-out evaluation would end past this many minutes from the run's start (its config.yaml: launch or
+    resume), then it evaluates and finishes: `steps` becomes a cap (+experiment=smollm: 30 minutes on 2 cores)"""
     stages: List[str] = field(default_factory=lambda: ["rl"])
     """the experiment's stages in order, from 'sft', 'rl', 'eval'; each starts from the model the one before
     produced; a stage with `<run>/stages/<name>/done.json` is skipped on a rerun (docs/stages.md)"""
@@ -593,7 +617,7 @@ ALLOWED = {
     "replay.sampling": ("uniform", "fifo", "recent"),
     "critic.loss": ("mse", "huber", "bce"),
     "critic.placement": ("start", "response"),
-    "task.name": ("arith", "reverse_text", "math", "verifiers"),
+    "task.name": ("arith", "reverse_text", "math", "reasoning_gym", "verifiers"),
 }
 
 
@@ -728,6 +752,8 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
     if window is not None and window <= 0:
         raise ConfigError(f"launcher.restart_window_s={window} must be > 0 (seconds), or null to count restarts over "
                           "the whole run")
+    if cfg.time_budget_min < 0:
+        raise ConfigError(f"time_budget_min={cfg.time_budget_min} must be >= 0 (0 = no budget: all steps run)")
     for key in ("log.keep_segments", "log.max_age_s"):
         if _get(cfg, key) is not None and _get(cfg, key) < 0:
             raise ConfigError(f"{key}={_get(cfg, key)} must be >= 0, or null to disable this retention rule")
@@ -864,6 +890,29 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
                     resolve_source(cfg.task[key], f"task.{key}", cfg.task.data_cache_dir)
                 except MathDataError as error:
                     raise ConfigError(str(error)) from None
+    if cfg.task.name == "reasoning_gym":
+        import importlib.util
+
+        from prime_values.tasks.reasoning_gym import ANSWER_FORMATS, ReasoningGymError, check_dataset
+
+        if importlib.util.find_spec("math_verify") is None:
+            raise ConfigError("task.name=reasoning_gym needs math-verify: pip install 'prime_values[reasoning_gym]' "
+                              "(or pip install -e '.[reasoning_gym]' in a checkout)")
+        try:
+            check_dataset(cfg.task.dataset)
+        except ReasoningGymError as error:
+            raise ConfigError(str(error)) from None
+        if cfg.task.answer_format not in ANSWER_FORMATS:
+            raise ConfigError(f"task.answer_format={cfg.task.answer_format!r} is not allowed; choose one of "
+                              f"{', '.join(ANSWER_FORMATS)}")
+        if "{question}" not in cfg.task.prompt_template:
+            raise ConfigError(f"task.prompt_template={cfg.task.prompt_template!r} must contain '{{question}}'")
+        if cfg.task.dataset_size <= cfg.task.heldout_size:
+            raise ConfigError(f"task.dataset_size={cfg.task.dataset_size} must exceed task.heldout_size="
+                              f"{cfg.task.heldout_size}: the held-out problems are carved out of the generated ones")
+        if cfg.task.chat and not cfg.task.chat_tokenizer:
+            raise ConfigError("task.chat=true needs task.chat_tokenizer (the policy's tokenizer, ${policy.model}); "
+                              "or set task.chat=false")
     if cfg.task.name == "reverse_text":
         from prime_values.tasks.reverse_text import ReverseTextTask
 

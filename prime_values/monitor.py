@@ -76,7 +76,19 @@ class Timers:
 
     def snapshot(self) -> dict:
         return {**{f"{k}_s": round(v, 4) for k, v in self.totals.items()},
-                "role_wall_s": round(time.time() - self.started, 4)}
+                "role_wall_s": round(time.time() - self.started, 4), "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory so far (MB; None where the platform does not say)."""
+    try:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return round(peak / (2 ** 20 if sys.platform == "darwin" else 2 ** 10), 1)  # bytes on macOS, KiB on Linux
+    except Exception:  # noqa: BLE001
+        return None
 
 
 class _Span:

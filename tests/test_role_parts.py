@@ -432,3 +432,22 @@ def test_critic_step_targets_with_lambda_below_one_bootstrap_a_cut_trace_as_the_
               for b, r in enumerate(rows)]
     orchestrator = score_group(rows, scores, cfg)["targets"]
     assert torch.allclose(mine, orchestrator, atol=1e-6)
+
+
+def test_time_budget_ends_the_run_before_a_step_and_the_final_evaluation_would_overrun(tmp_path):
+    import os
+    import time
+
+    from prime_values.roles.policy_trainer import TimeBudget
+
+    config, metrics = tmp_path / "config.yaml", tmp_path / "policy_trainer.jsonl"
+    config.write_text("steps: 3\n")
+    now = time.time()
+    os.utime(config, (now - 50, now - 50))  # the run began 50 s ago
+    metrics.write_text(json.dumps({"step": 0, "heldout_s": 5.0}) + "\n")  # its step-0 evaluation took 5 s
+    assert not TimeBudget(0, config, metrics).spent()  # no budget
+    assert not TimeBudget(1.0, config, metrics).spent()  # 50 + 5 < 60
+    assert TimeBudget(0.9, config, metrics).spent()  # 50 + 5 >= 54
+    budget = TimeBudget(1.0, config, metrics)
+    budget.previous = time.time() - 10  # the last step took ~10 s: 50 + 10 + 5 >= 60
+    assert budget.spent()

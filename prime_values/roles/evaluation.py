@@ -61,9 +61,13 @@ def scored_replies(task, tokenizer, problems, prompt_ids, completions) -> list[E
 
 
 def heldout_accuracy(model, tokenizer, task, problems=None, max_new_tokens: int | None = None,
-                     batch_size: int = 256) -> float:
+                     batch_size: int = 256, per_problem: list | None = None) -> float:
     """Mean reward of one greedy rollout per problem (default: ``task.heldout()``): exact-match accuracy for
-    arith, the rubric's reward of whole (multi-turn) episodes for task=verifiers."""
+    arith, the rubric's reward of whole (multi-turn) episodes for task=verifiers.
+
+    ``per_problem``: a list that receives one record per problem (``prompt_id``, ``reward``, ``stop_reason``,
+    ``response_tokens``, ``response`` text and, where the task has ``parsable``, whether the reply holds a final
+    answer in the asked format): what a paired before/after comparison needs (bench/paired_heldout.py)."""
     problems = task.heldout() if problems is None else problems
     if not problems:
         return float("nan")
@@ -71,6 +75,14 @@ def heldout_accuracy(model, tokenizer, task, problems=None, max_new_tokens: int 
         max_new_tokens = task.max_answer_chars() + 1
     rollouts = sample_and_score(model, tokenizer, task, problems, num_samples=1, max_new_tokens=max_new_tokens,
                                 temperature=0.0, seed=0, batch_size=batch_size)
+    if per_problem is not None:
+        parsable = getattr(task, "parsable", None)
+        for r in rollouts:
+            record = {"prompt_id": problems[r.prompt_index].prompt_id, "reward": float(r.reward),
+                      "stop_reason": r.stop_reason, "response_tokens": int(sum(r.policy_mask)), "response": r.text}
+            if parsable is not None:
+                record["parsable"] = bool(parsable(r.text))
+            per_problem.append(record)
     return sum(r.reward for r in rollouts) / len(rollouts)
 
 

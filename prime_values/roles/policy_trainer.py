@@ -5,6 +5,7 @@ It never loads a critic: the advantages arrive in the batch, computed by the orc
 
 from __future__ import annotations
 
+import json
 import time
 
 import torch
@@ -15,6 +16,7 @@ from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import attention_mask, padded
+from prime_values.rundir import write_atomic
 from prime_values.weights import prune, publish, resume, version_dir
 
 
@@ -93,6 +95,35 @@ def policy_lr(pcfg, step: int, steps: int) -> float:
     return pcfg.lr * min(1.0, (steps - step + 1) / (pcfg.lr_decay_steps + 1))
 
 
+class TimeBudget:
+    """``time_budget_min``: the run ends after the step that would otherwise leave too little time for one more
+    step and the final held-out evaluation, counted from the run's start (its config.yaml, written when the run
+    is launched or resumed). The next step is estimated as long as the last one, the evaluation as the step-0
+    one (from the trainer's metrics)."""
+
+    def __init__(self, minutes: float, config_path, metrics_path) -> None:
+        self.limit_s = float(minutes or 0) * 60
+        self.began = config_path.stat().st_mtime if self.limit_s and config_path.exists() else time.time()
+        self.metrics_path, self.previous = metrics_path, None
+
+    def eval_s(self) -> float:
+        import json as _json
+
+        if self.metrics_path is None or not self.metrics_path.exists():
+            return 0.0
+        spans = [r.get("heldout_s") for r in map(_json.loads, self.metrics_path.read_text().splitlines())
+                 if "heldout_s" in r]
+        return float(spans[0]) if spans else 0.0
+
+    def spent(self) -> bool:
+        if not self.limit_s:
+            return False
+        now = time.time()
+        step_s = now - self.previous if self.previous is not None else 0.0
+        self.previous = now
+        return now - self.began + step_s + self.eval_s() >= self.limit_s
+
+
 def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
@@ -132,17 +163,28 @@ def main(run_dir: str) -> None:
     reader = ctx.reader("batches", "policy_trainer") if group.main else None
 
     def evaluate(step: int, full) -> None:  # full: the whole model (rank 0's unsharded copy when sharded)
+        records: list[dict] = []
+        began = time.time()
         with timers.time("compute"):
             accuracy = heldout_accuracy(full.to(device).eval(), tokenizer, task, heldout,
-                                        cfg.inference.max_new_tokens)
+                                        cfg.inference.max_new_tokens, per_problem=records)
         model.train()
-        ctx.metrics.log(step=step, heldout_accuracy=accuracy, **timers.snapshot())
+        # each problem's outcome, for paired before/after comparisons (bench/paired_heldout.py)
+        path = ctx.run.root / "metrics" / "heldout" / f"step_{step:06d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+        ctx.metrics.log(step=step, heldout_accuracy=accuracy, heldout_s=time.time() - began, **timers.snapshot())
 
     if start == 0:
         full = dist.unsharded(model)
         if group.main:
             evaluate(0, full)  # the accuracy at the first RL step, before any update
+    budget = TimeBudget(cfg.time_budget_min, ctx.run.config, ctx.run.metrics("policy_trainer"))
+    last = start
     for step in range(start + 1, cfg.steps + 1):
+        if dist.broadcast(budget.spent() if group.main else None):
+            ctx.log.info("time_budget_min=%s: step %d is the last one", cfg.time_budget_min, last)
+            break
         waited = time.time()
         rows = dist.broadcast(next_rows(reader, ctx, step, timers) if group.main else None)
         if rows is None:
@@ -166,8 +208,11 @@ def main(run_dir: str) -> None:
                         reward_mean=sum(r["reward"] for r in rows) / len(rows),
                         off_policy_max=max((step - 1) - v for v in versions), step_wait_s=began - waited,
                         train_s=time.time() - began, rollouts=len(rows), **timers.snapshot())
+        last = step
         if step % cfg.eval_every == 0 or step == cfg.steps:
             evaluate(step, full)
     if group.main:
-        ctx.mark_done(step=cfg.steps)
+        if last < cfg.steps and last > start and last % cfg.eval_every:
+            evaluate(last, full)  # ended by the time budget: the final evaluation of the last version
+        ctx.mark_done(step=last)
     dist.teardown()

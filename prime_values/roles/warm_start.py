@@ -21,9 +21,11 @@ from prime_values.roles.critic_io import critic_step, padded
 from prime_values.weights import latest_version, publish, version_dir
 
 
-def supervised(ctx: RoleContext, model, tokenizer, task) -> float:
+def supervised(ctx: RoleContext, model, tokenizer, task) -> float | None:
     """SFT until greedy accuracy on a fixed validation sample of *training* problems reaches `target_accuracy`
-    (checked every `check_every` steps) or `steps` run out; returns the held-out accuracy it ends at.
+    (checked every `check_every` steps) or `steps` run out; returns the held-out accuracy it ends at (None
+    without SFT steps: the policy trainer's step-0 evaluation measures the same weights, and a real model's
+    evaluation takes minutes on a CPU).
 
     The held-out set stays untouched until RL's first evaluation, so "accuracy at the first RL step" is not
     a number SFT was stopped on."""
@@ -43,6 +45,8 @@ def supervised(ctx: RoleContext, model, tokenizer, task) -> float:
                               stop_at_accuracy=ws.target_accuracy if ws.target_accuracy > 0 else None,
                               check_every=ws.check_every)
     model.eval()
+    if ws.steps == 0:
+        return None
     return heldout_accuracy(model, tokenizer, task, task.heldout(), ctx.cfg.inference.max_new_tokens)
 
 
@@ -148,7 +152,7 @@ def main(run_dir: str) -> None:
             ensure_pad_token(tokenizer)  # the sampler pads with it; saved with version 0 for every role
         model = model.to(ctx.device)
         accuracy = supervised(ctx, model, tokenizer, task)
-        ctx.metrics.log(sft_s=time.time() - began, heldout_accuracy=accuracy)
+        ctx.metrics.log(sft_s=time.time() - began, **({} if accuracy is None else {"heldout_accuracy": accuracy}))
         publish(policy_root, 0, lambda path: save_model(model, tokenizer, path))
     policy_dir = version_dir(policy_root, 0)
     model, tokenizer = load_policy(policy_dir).to(ctx.device).eval(), AutoTokenizer.from_pretrained(policy_dir)

@@ -10,6 +10,15 @@ from .math import MathTask
 from .reverse_text import ReverseTextTask
 
 
+def _reasoning_gym_task(**kwargs):
+    """reasoning-gym problems, imported only when chosen (the package is an optional extra); gets the keys its
+    constructor names."""
+    from .reasoning_gym import ReasoningGymTask
+
+    accepted = inspect.signature(ReasoningGymTask).parameters
+    return ReasoningGymTask(**{k: v for k, v in kwargs.items() if k in accepted})
+
+
 def _verifiers_task(**kwargs):
     """The `verifiers` adapter, imported only when chosen (the package is an optional extra)."""
     from .verifiers_env import VerifiersTask
@@ -21,6 +30,7 @@ TASKS: dict[str, Callable[..., object]] = {
     "arith": ArithTask,
     "reverse_text": ReverseTextTask,
     "math": MathTask,
+    "reasoning_gym": _reasoning_gym_task,
     "verifiers": _verifiers_task,
 }
 
