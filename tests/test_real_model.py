@@ -112,6 +112,8 @@ def test_a_model_without_a_chat_template_is_named(tmp_path):
 def test_the_smollm_gguf_has_a_chat_template(smollm_dir):
     assert gguf.has_chat_template(smollm_dir)
     gguf.check_chat_template(SMOLLM, "task.chat=true")
+    meta = gguf.check_file(gguf.locate(SMOLLM), SMOLLM)  # what the check reads before the first conversion
+    assert meta["architecture"] == "llama" and "<|im_start|>" in meta["chat_template"]
 
 
 @needs_smollm
