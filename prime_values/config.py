@@ -913,6 +913,13 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
         if cfg.task.chat and not cfg.task.chat_tokenizer:
             raise ConfigError("task.chat=true needs task.chat_tokenizer (the policy's tokenizer, ${policy.model}); "
                               "or set task.chat=false")
+        if cfg.task.chat:
+            from prime_values.tasks.reasoning_gym import check_chat_source
+
+            try:
+                check_chat_source(cfg.task.chat_tokenizer)
+            except ReasoningGymError as error:
+                raise ConfigError(str(error)) from None
     if cfg.task.name == "reverse_text":
         from prime_values.tasks.reverse_text import ReverseTextTask
 

@@ -112,12 +112,23 @@ def test_prompt_is_rendered_with_the_chat_template(tmp_path):
     (["task.heldout_size=5000"], "task.dataset_size=5000 must exceed task.heldout_size=5000"),
 ])
 def test_bad_reasoning_gym_configs_fail_in_one_line(overrides, fragment):
-    error = precheck(["task=reasoning_gym", "task.dataset=chain_sum", *overrides])
+    error = precheck(["task=reasoning_gym", "task.dataset=chain_sum", "task.chat=false", *overrides])
     assert error is not None and fragment in error and "\n" not in error, error
 
 
 def test_a_good_config_passes_the_precheck():
     assert precheck(["task=reasoning_gym", "task.dataset=chain_sum", "task.chat=false"]) is None
+
+
+def test_a_tokenizer_without_a_chat_template_fails_before_launch(tmp_path):
+    from prime_values.models.tokenizer import build_char_tokenizer
+
+    # the default policy is the embedded tiny model: its character tokenizer has no chat template
+    error = precheck(["task=reasoning_gym", "task.dataset=chain_sum"])
+    assert error is not None and "no chat template" in error and "task.chat=false" in error, error
+    build_char_tokenizer().save_pretrained(tmp_path / "plain")
+    error = precheck(["task=reasoning_gym", "task.dataset=chain_sum", f"task.chat_tokenizer={tmp_path / 'plain'}"])
+    assert error is not None and "no chat template" in error and "\n" not in error, error
 
 
 def test_paired_heldout_interval_and_format_split(tmp_path):

@@ -71,6 +71,32 @@ def check_dataset(name: str, key: str = "task.dataset") -> None:
                                 f"({len(names)} in reasoning_gym.factory.DATASETS)")
 
 
+def check_chat_source(source: str, key: str = "task.chat_tokenizer") -> None:
+    """Cheap, before any job starts: raise ``ReasoningGymError`` when ``source`` surely has no chat template (the
+    embedded tiny model's character tokenizer; a local directory whose tokenizer files hold none). A hub id or a
+    GGUF file (converted later) is left to the task itself."""
+    import json
+    from pathlib import Path
+
+    fix = "use an instruction-tuned model's tokenizer (e.g. policy=smollm2_135m) or set task.chat=false"
+    if source == "tiny":
+        raise ReasoningGymError(f"{key}='tiny': the embedded model's character tokenizer has no chat template, and "
+                                f"task.chat=true renders the prompt with it; {fix}")
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        return
+    if (path / "chat_template.jinja").exists() or (path / "chat_template.json").exists():
+        return
+    config = path / "tokenizer_config.json"
+    try:
+        has = bool(json.loads(config.read_text()).get("chat_template")) if config.exists() else False
+    except (OSError, ValueError):
+        return  # unreadable here: the task's own load says what is wrong
+    if not has:
+        raise ReasoningGymError(f"{key}={source!r} has no chat template (no chat_template.jinja, none in "
+                                f"tokenizer_config.json), and task.chat=true renders the prompt with it; {fix}")
+
+
 def extract_answer(text: str, answer_format: str = "boxed") -> str | None:
     """The response's final answer in ``answer_format``, or None: the last ``\\boxed{...}`` (braces matched), or
     what follows ``Answer:`` on the last line that starts with it (``answer_line``; ``$``, ``**`` and a final
