@@ -165,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(chosen) - problems} of {len(chosen)} mutations apply")
         return 2 if problems else 0
     results = []
+    # the session checkpoint of the end-to-end tests (policy/critic v0), made once from the unmutated tree and
+    # shared by every mutant's tests (no mutation here touches the warm start)
+    sys.path.insert(0, str(REPO / "tests"))
+    import e2e_helpers
+
+    os.environ["PV_TEST_CHECKPOINT"] = str(e2e_helpers.checkpoint())
     for m in chosen:
         with tempfile.TemporaryDirectory(prefix=f"pv-mutant-{m.name}-") as tmp:
             tree = Path(tmp)
