@@ -1,6 +1,6 @@
 """Break the code on purpose, one change at a time, and see which tests catch it.
 
-    python tests/mutations.py                 # every mutation (~20-30 min on 2 cores; take the heavy lock)
+    python tests/mutations.py                 # every mutation (~12-25 min on 2 cores; take the heavy lock)
     python tests/mutations.py --list          # the mutations and the tests each one runs
     python tests/mutations.py --only sign-flip --only never-steps
 
