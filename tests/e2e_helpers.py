@@ -69,6 +69,9 @@ def checkpoint() -> Path:
     """A directory holding weights/policy/0 and weights/critic/0, made once per test session (per process) by the
     real warm-start role (prime_values.roles.warm_start.main) on the CHECKPOINT config; ~10-30 s on 2 cores."""
     global _checkpoint
+    given = os.environ.get("PV_TEST_CHECKPOINT")  # tests/mutations.py: one checkpoint for every mutant's tests
+    if given and (Path(given) / "weights" / "critic" / "LATEST").exists():
+        return Path(given)
     if _checkpoint is not None and (_checkpoint / "weights" / "critic" / "LATEST").exists():
         return _checkpoint
     from omegaconf import OmegaConf
