@@ -216,7 +216,8 @@ def test_a_pipeline_too_big_for_the_partition_fails_in_one_line(slurm, tmp_path)
 def test_a_queued_pipeline_says_so(slurm, tmp_path):
     """The node is busy: the pipeline's one job waits whole (nothing of it runs), and status says why."""
     cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0]
-    hog = subprocess.run(["sbatch", "--parsable", f"--cpus-per-task={cpus}", "--mem=100M", "--wrap", "sleep 120"],
+    hog = subprocess.run(["sbatch", "--parsable", f"--cpus-per-task={cpus}", "--mem=100M", "--output=/dev/null",
+                          "--wrap", "sleep 120"],
                          capture_output=True, text=True, check=True).stdout.strip()
     run_dir = tmp_path / "run"
     try:

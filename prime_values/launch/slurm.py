@@ -313,4 +313,5 @@ def queued_line(job_id: str) -> str | None:
     if state != "PENDING":
         return None
     gpus = f" and {gres.replace('gres:', '').replace('gres/', '')}" if gres and gres not in ("N/A", "(null)") else ""
-    return f"queued: {cpus} CPUs{gpus} on partition {partition} (job {job_id}: {reason})"
+    why = f": {reason}" if reason and reason not in ("None", "(null)") else ""
+    return f"queued: {cpus} CPUs{gpus} on partition {partition} (job {job_id}{why})"
