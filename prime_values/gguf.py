@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from prime_values.log.fsutil import fsync_dir, fsync_tree
+
 FORMAT = 1  # bump when the converted directory's content changes: existing conversions are then redone
 DONE = "gguf_source.json"  # written last inside a conversion: what it was made from
 
@@ -175,19 +177,6 @@ def _locked(lock: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _fsync_tree(path: Path) -> None:
-    from prime_values.log.fsutil import fsync_dir
-
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
-
-
 def convert_into(path: Path, out: Path) -> dict:
     """Dequantise the GGUF at `path` and save it as a from_pretrained directory in `out` (float32 safetensors,
     tokenizer with chat template, pad distinct from eos). Returns figures (parameters, seconds)."""
@@ -248,10 +237,8 @@ def convert(model: str, cache_dir: str = "", key: str = "policy.model", log=prin
             record = {"gguf": str(path), "sha256": sha, "bytes": path.stat().st_size, "format": FORMAT,
                       "converted_at": time.time(), **figures}
             (tmp / DONE).write_text(json.dumps(record, indent=2) + "\n")
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
             os.rename(tmp, target)
-            from prime_values.log.fsutil import fsync_dir
-
             fsync_dir(target.parent)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
-from prime_values.log.fsutil import fsync_dir, io_error, write_atomic
+from prime_values.log.fsutil import fsync_dir, fsync_tree, io_error, write_atomic
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,17 +63,6 @@ def versions(root: Path) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def _fsync_tree(path: Path) -> None:
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -105,7 +94,7 @@ def publish(root: Path, version: int, save: Callable[[Path], None]) -> Path:
     try:
         tmp.mkdir()
         save(tmp)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         if final.exists():  # renamed by a publisher that crashed before LATEST: never adopted, replace it
             shutil.rmtree(final)
         os.rename(tmp, final)

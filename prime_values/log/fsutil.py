@@ -21,6 +21,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(path: Path) -> None:
+    """fsync every file and directory under `path` (a directory about to be renamed into place whole)."""
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
 def io_error(e: OSError, path: Path, action: str) -> OSError:
     """One sentence naming the file and the fix, keeping the errno so callers can still branch on it."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
