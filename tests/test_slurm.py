@@ -28,8 +28,9 @@ def slurm():
     """Start (or find running) the local cluster; return its `scontrol show config` as a dict."""
     if os.geteuid() != 0:
         pytest.skip("local SLURM needs root: run `sudo launchers/local_slurm/start.sh` first, or the tests as root")
-    # the node advertises the machine's real CPUs (2 here): a pipeline is one allocation its roles share
-    env = {k: v for k, v in os.environ.items() if k != "LOCAL_SLURM_CPUS"}
+    # the node advertises the machine's real CPUs (2 here): a pipeline is one allocation its roles share. Set but
+    # empty, so start.sh does not reuse a LOCAL_SLURM_CPUS an earlier start saved (launchers/local_slurm/common.sh)
+    env = {**os.environ, "LOCAL_SLURM_CPUS": ""}
     proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode in SKIP_CODES:
         pytest.skip(f"local SLURM cannot be installed here: {proc.stderr.strip().splitlines()[-1]}")
