@@ -28,8 +28,9 @@ def slurm():
     """Start (or find running) the local cluster; return its `scontrol show config` as a dict."""
     if os.geteuid() != 0:
         pytest.skip("local SLURM needs root: run `sudo launchers/local_slurm/start.sh` first, or the tests as root")
-    # the node advertises the machine's real CPUs (2 here): a pipeline is one allocation its roles share
-    env = {k: v for k, v in os.environ.items() if k != "LOCAL_SLURM_CPUS"}
+    # the node advertises the machine's real CPUs (2 here): a pipeline is one allocation its roles share. Set but
+    # empty, so start.sh does not reuse a LOCAL_SLURM_CPUS an earlier start saved (launchers/local_slurm/common.sh)
+    env = {**os.environ, "LOCAL_SLURM_CPUS": ""}
     proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode in SKIP_CODES:
         pytest.skip(f"local SLURM cannot be installed here: {proc.stderr.strip().splitlines()[-1]}")
@@ -141,6 +142,12 @@ def sacct_rows(job_id: str) -> list[list[str]]:
     return [line.split("|") for line in out.splitlines() if line]
 
 
+def _job(run_dir: Path, job_id: str):
+    import submitit
+
+    return submitit.SlurmJob(folder=run_dir / "jobs" / "pipeline", job_id=job_id)
+
+
 def _wait_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
     from prime_values.chaos import policy_step
 
@@ -171,6 +178,11 @@ def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
         pipeline = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
         assert len(pipeline) == 1, pipeline
         subprocess.run(["scontrol", "requeue", pipeline[0]], check=True, capture_output=True)
+        # SLURM holds a requeued job ~2 min (BeginTime); the test does not wait that out
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and job_states([_job(run_dir, pipeline[0])])[pipeline[0]] != "PENDING":
+            time.sleep(0.5)
+        subprocess.run(["scontrol", "update", f"JobId={pipeline[0]}", "StartTime=now"], capture_output=True)
         out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
