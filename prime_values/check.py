@@ -1,4 +1,4 @@
-"""`python -m prime_values.check <run_dir>`: verify the invariants of a run directory (DESIGN.md §2).
+"""`python -m prime_values.check <run_dir>`: verify the invariants of a run directory (docs/design.md §2).
 
 Read-only. Prints one line per violation and exits 1, or prints a one-line OK summary and exits 0 (2: not a
 run directory). What is checked is what the roles actually guarantee (read from `prime_values/roles/`):

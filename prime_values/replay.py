@@ -4,7 +4,7 @@ Rules (the value trainer's loop owns the buffer; only ``IngestQueue`` is thread-
 
 * **Ingest queue.** ``IngestQueue(maxsize)`` is a FIFO whose ``put`` never blocks: when it already holds
   ``maxsize`` items, the OLDEST is dropped and counted in ``dropped``. The value trainer must never hold anyone
-  up (DESIGN.md §1).
+  up (docs/design.md §1).
 * **Identity.** A rollout is keyed by ``row["rollout_id"]`` when it is a mapping, otherwise by the item
   itself; keys must be ``str`` or ``int`` to survive a snapshot. Adding a rollout whose key is already held
   does nothing except count it in ``duplicates``.

@@ -1,4 +1,4 @@
-"""Where everything lives in a run directory (DESIGN §2). The run directory is the bus between roles."""
+"""Where everything lives in a run directory (docs/design.md §2). The run directory is the bus between roles."""
 
 from __future__ import annotations
 

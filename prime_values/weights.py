@@ -1,4 +1,4 @@
-"""Versioned weights: publish complete directories, adopt only complete versions (DESIGN.md §2).
+"""Versioned weights: publish complete directories, adopt only complete versions (docs/design.md §2).
 
 Layout: `<root>/<v>/` (e.g. `<run>/weights/policy/3/`) holds whatever `save(dir)` writes (safetensors,
 config, tokenizer), plus `<root>/LATEST`, a text file with the newest complete version. A version dir

@@ -66,3 +66,43 @@ def test_the_docs_index_links_every_page():
     missing = [p.name for p in sorted((REPO / "docs").glob("*.md")) if p != index and p.resolve() not in linked]
     assert missing == [], f"docs/README.md does not link {missing}"
     assert "docs/README.md" in links(REPO / "README.md")
+
+
+# ------------------------------------------------------------------ references from code
+CODE = [p for d in ("prime_values", "bench", "tests", "recipes") for p in sorted((REPO / d).rglob("*.py"))
+        if p != Path(__file__).resolve()]  # this file holds the checker's bad examples
+DOC_REF = re.compile(r"\b((?:docs|recipes)/[\w./-]+?\.md)(?:\s*§\s*(\d+(?:\.\d+)?))?")
+
+
+def sections(page: Path) -> set[str]:
+    """The numbered sections of a page: '## 2. Title' -> '2', '### 2.1 Title' -> '2.1'."""
+    return set(re.findall(r"^#{2,6}\s+(\d+(?:\.\d+)?)\.?\s", prose(page.read_text()), flags=re.M))
+
+
+def code_references(path: Path) -> list[str]:
+    """The doc references in a .py file that do not resolve: a missing page, a § section the page lacks, or a
+    citation of a design file outside the repository."""
+    bad = []
+    text = path.read_text(errors="replace")
+    if re.search(r"(?<![\w/])DESIGN(?:\.md)?\s*§", text):
+        bad.append("DESIGN.md (not in the repository: cite docs/design.md)")
+    for page, section in DOC_REF.findall(text):
+        target = REPO / page
+        if not target.is_file():
+            bad.append(page)
+        elif section and section not in sections(target):
+            bad.append(f"{page} §{section}")
+    return bad
+
+
+@pytest.mark.parametrize("path", CODE, ids=lambda p: str(p.relative_to(REPO)))
+def test_references_from_code_resolve(path):
+    assert code_references(path) == [], f"unresolved doc references in {path.relative_to(REPO)}"
+
+
+def test_the_code_reference_checker_catches_a_bad_one(tmp_path):
+    code = tmp_path / "x.py"
+    code.write_text('"""See docs/design.md §2 and docs/design.md §9, docs/nowhere.md, DESIGN.md §3."""\n')
+    assert code_references(code) == ["DESIGN.md (not in the repository: cite docs/design.md)", "docs/design.md §9",
+                                     "docs/nowhere.md"]
+    assert {"1", "2", "2.1", "3", "3.1"} <= sections(REPO / "docs" / "design.md")

@@ -1,4 +1,4 @@
-"""Explained variance pooled over batches (the critic-health figure of a run's end, DESIGN.md §3)."""
+"""Explained variance pooled over batches (the critic-health figure of a run's end, docs/design.md §3)."""
 
 from __future__ import annotations
 

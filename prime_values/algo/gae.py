@@ -1,4 +1,4 @@
-"""Advantages and value targets over policy tokens (DESIGN.md §3).
+"""Advantages and value targets over policy tokens (docs/design.md §3).
 
 Shapes: ``B`` rollouts, right-padded to ``T`` tokens. ``policy_mask[b, t]`` is True where the policy
 sampled token ``t``; prompt, environment and padding tokens are False. ``values[b, t]`` is the critic's
@@ -301,7 +301,7 @@ def tether_advantages(
                       but would shift every advantage by −c. A group whose returns do not vary (population
                       variance ≤ ``min_group_var``: all rewards equal, a group of one) says nothing about the
                       critic and takes clamp(critic_ev, 0, 1) when given, else 0 (the group-mean advantage).
-    (Inverse-variance weighting of the two baselines, DESIGN §3, gives a useless critic — MSE = Var(R) —
+    (Inverse-variance weighting of the two baselines, docs/design.md §3, gives a useless critic — MSE = Var(R) —
     the weight 1/(n + 1) rather than 0, so it does not reduce to the group mean; hence this rule.)
 
     Limits, with γ = λ = 1, no cut and leave_one_out=False: w = 0 (R² or EV ≤ 0) is exactly

@@ -1,4 +1,4 @@
-"""Policy and value losses (DESIGN.md §3). Token-level aggregation: sums over masked tokens of the whole
+"""Policy and value losses (docs/design.md §3). Token-level aggregation: sums over masked tokens of the whole
 batch divided by the number of masked tokens, so every policy token weighs the same whatever its rollout's
 length. An empty mask gives a zero loss (divide by max(N, 1)): a micro-batch may hold no policy token."""
 

@@ -1,4 +1,4 @@
-"""Privileged critic input: the critic's layout of a rollout, and mapping its values back (DESIGN.md §3).
+"""Privileged critic input: the critic's layout of a rollout, and mapping its values back (docs/design.md §3).
 
 The critic may see what the policy never sees (e.g. the reference answer). That context is folded in as
 ``prefix_ids`` placed BEFORE the whole trace (or, ``at="response"``, between the prompt and the first policy

@@ -1,6 +1,6 @@
 """The filesystem rollout log: atomic Arrow IPC segments, tailing readers with cursors, retention.
 
-Knows nothing of models (pyarrow, numpy and the standard library only). See DESIGN.md §2.
+Knows nothing of models (pyarrow, numpy and the standard library only). See docs/design.md §2.
 """
 
 from .records import SCHEMA_VERSION, SCHEMAS, per_token, to_rows, to_table

@@ -1,4 +1,4 @@
-"""Record schemas of the rollout log streams (DESIGN.md §2, "Records").
+"""Record schemas of the rollout log streams (docs/design.md §2, "Records").
 
 Every segment of a stream holds rows of exactly one of these schemas. Names are part of the on-disk
 format: add fields by bumping SCHEMA_VERSION, never rename silently. Per-token fields are flat lists

@@ -1,4 +1,4 @@
-"""Bounded disk: delete segments every consumer has passed (DESIGN.md §2)."""
+"""Bounded disk: delete segments every consumer has passed (docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Segments: the unit of publication of the rollout log (DESIGN.md §2, "Rules of the log").
+"""Segments: the unit of publication of the rollout log (docs/design.md §2, "Rules of the log").
 
 A stream (`<run>/log/<stream>/`) has one directory per shard, each with exactly one writer. A segment is
 one Arrow IPC file (Feather v2) named `<seq:012d>.arrow`: columnar, zero-copy to read, and loadable by

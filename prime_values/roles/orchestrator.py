@@ -68,7 +68,7 @@ class GroupJoin:
 
 def score_group(rollouts: list[dict], values: list[dict] | None, cfg, critic_ev: float | None = None
                 ) -> dict[str, torch.Tensor]:
-    """Per-token advantages [G, T] and value targets [G, T] of one complete group (DESIGN §3).
+    """Per-token advantages [G, T] and value targets [G, T] of one complete group (docs/design.md §3).
 
     `critic_ev`: the critic's recent explained variance, used by advantage=tether with tether_mode=running."""
     adv_cfg = cfg.advantage
@@ -198,7 +198,7 @@ class CriticProvenance:
 
 def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = None,
                   provenance: CriticProvenance | None = None) -> dict:
-    """Policy-side and critic-health figures of one batch (DESIGN §3): reward, off-policy lag, advantage
+    """Policy-side and critic-health figures of one batch (docs/design.md §3): reward, off-policy lag, advantage
     statistics, and, with a critic, explained variance on fresh rollouts, mean value vs mean return at the
     first policy token, and how many critic versions behind the newest the values were scored."""
     rewards = [r["reward"] for g in groups for r in g["rollouts"]]
