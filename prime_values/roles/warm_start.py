@@ -129,6 +129,7 @@ def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
     from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, save_model
+    from prime_values.models.tokenizer import ensure_pad_token
     from prime_values.tasks import make_task
 
     ctx = RoleContext(run_dir, "warm_start", "policy_trainer_device")  # the policy trainer's device is free now
@@ -148,6 +149,7 @@ def main(run_dir: str) -> None:
             model = build_tiny_policy(tokenizer, seed=ctx.seed(), **arch)
         else:
             tokenizer, model = AutoTokenizer.from_pretrained(cfg.policy.model), load_policy(cfg.policy.model)
+            ensure_pad_token(tokenizer)  # the sampler pads with it; saved with version 0 for every role
         model = model.to(ctx.device)
         accuracy = supervised(ctx, model, tokenizer, task)
         ctx.metrics.log(sft_s=time.time() - began, **({} if accuracy is None else {"heldout_accuracy": accuracy}))

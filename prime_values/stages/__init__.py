@@ -197,19 +197,25 @@ def run_stages(cfg) -> dict:
 
 
 def _prepare_model(cfg) -> None:
-    """A GGUF policy.model becomes its converted from_pretrained directory (converted once into policy.cache_dir,
-    prime_values.gguf) before any job starts, so every stage and role, and `${policy.model}` wherever the config
-    interpolates it, see a plain directory."""
+    """Before any job starts: a GGUF policy.model becomes its converted from_pretrained directory (converted once
+    into policy.cache_dir, prime_values.gguf), so every stage and role, and `${policy.model}` wherever the config
+    interpolates it, see a plain directory; and a local model's token budgets are checked against its tokenizer
+    and the task's prompts (prime_values.budget). Bad input exits with one line."""
+    from prime_values.budget import BudgetError, check_run_budget
     from prime_values.gguf import GGUFError, is_gguf, prepare
 
-    if not is_gguf(cfg.policy.model):
-        return
     try:
-        cfg.policy.model = prepare(cfg.policy.model, cfg.policy.cache_dir)
-    except GGUFError as error:
+        if is_gguf(cfg.policy.model):
+            cfg.policy.model = prepare(cfg.policy.model, cfg.policy.cache_dir)
+            print(f"policy.model: {cfg.policy.model}", flush=True)
+        budget = check_run_budget(cfg)
+    except (GGUFError, BudgetError) as error:
         print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
-    print(f"policy.model: {cfg.policy.model}", flush=True)
+    if budget is not None:
+        print(f"token budget: longest prompt {budget['longest_prompt']}, privileged block {budget['longest_block']}, "
+              f"prompt + block + inference.max_new_tokens = {budget['full_trace']} (critic.max_length="
+              f"{cfg.critic.max_length})", flush=True)
 
 
 def _run_sft(run, cfg, model, upstream, key) -> dict:

