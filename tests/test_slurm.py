@@ -238,7 +238,7 @@ def test_a_queued_pipeline_says_so(slurm, tmp_path):
         from prime_values.status import status
 
         deadline = time.monotonic() + 20
-        while "queued:" not in (shown := status(run_dir)) and time.monotonic() < deadline:
+        while "Resources)" not in (shown := status(run_dir)) and time.monotonic() < deadline:  # once scheduled
             time.sleep(0.5)
         assert "queued: 2 CPUs on partition debug" in shown and "Resources" in shown, shown
         assert not list((run_dir / "jobs").glob("warm_start/*_submitted.pkl"))  # no role started
