@@ -34,7 +34,7 @@ import random
 from pathlib import Path
 
 from .arith import Problem
-from .verify import VerifierPool
+from .verify import PooledVerification
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def load_rows(data: str, split: str = "train", data_config: str | None = None, c
 
 
 # ---------------------------------------------------------------------------------------------- the task
-class MathTask:
+class MathTask(PooledVerification):
     """GSM8K/MATH prompts, a fixed held-out split, privileged reference context, math-verify scoring.
 
     Arguments (config keys ``task.<name>``):
@@ -234,10 +234,8 @@ class MathTask:
         self.heldout_size, self.seed = heldout_size, seed
         self.prompt_template, self.privileged_solution = prompt_template, privileged_solution
         self.max_response_chars = max_response_chars
-        self._pool_args = dict(workers=verifier_workers, call_timeout_s=verifier_timeout_s,
-                               batch_timeout_s=verifier_batch_timeout_s, max_chars=verifier_max_chars,
-                               memory_mb=verifier_memory_mb)
-        self._verifier: VerifierPool | None = None
+        self._init_pool(verifier_workers, verifier_timeout_s, verifier_batch_timeout_s, verifier_max_chars,
+                        verifier_memory_mb)
         if self.heldout_data:  # check both sources before loading either
             resolve_source(self.heldout_data, "task.heldout_data", data_cache_dir)
 
@@ -311,13 +309,6 @@ class MathTask:
         return len(self._train)
 
     # ------------------------------------------------------------------ verifier
-    @property
-    def verifier(self) -> VerifierPool:
-        """The sandboxed math-verify pool, started on first use."""
-        if self._verifier is None:
-            self._verifier = VerifierPool(**self._pool_args)
-        return self._verifier
-
     def score_many(self, problems: list[Problem], texts: list[str], deadline_s: float | None = None) -> list[float]:
         """1.0 where the response's final answer is equivalent to the reference (math-verify), else 0.0.
 
@@ -325,18 +316,6 @@ class MathTask:
         if len(problems) != len(texts):
             raise ValueError(f"{len(problems)} problems for {len(texts)} texts")
         return self.verifier.score_many([p.answer for p in problems], list(texts), deadline_s=deadline_s)
-
-    def score(self, problem: Problem, response_text: str) -> float:
-        """One check through the pool; prefer ``score_many`` for a batch (it uses every worker)."""
-        return self.score_many([problem], [response_text])[0]
-
-    def verifier_stats(self) -> dict:
-        return dict(self._verifier.stats) if self._verifier is not None else {}
-
-    def close(self) -> None:
-        if self._verifier is not None:
-            self._verifier.close()
-            self._verifier = None
 
     # ------------------------------------------------------------------ supervision and metadata
     def solution(self, problem: Problem) -> str:

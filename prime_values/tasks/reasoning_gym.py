@@ -31,7 +31,7 @@ import random
 
 from .arith import Problem
 from .math import last_boxed
-from .verify import VerifierPool
+from .verify import PooledVerification
 
 ANSWER_FORMATS = {
     "boxed": "\nPut your final answer within \\boxed{}.",
@@ -134,7 +134,7 @@ def _chat_renderer(source: str):
     return render
 
 
-class ReasoningGymTask:
+class ReasoningGymTask(PooledVerification):
     """A reasoning-gym dataset as a task: chat-formatted prompts, a held-out split by content, privileged
     reference answer (and steps), a final-answer reward through math-verify.
 
@@ -171,10 +171,8 @@ class ReasoningGymTask:
         self.prompt_template, self.answer_format = prompt_template, answer_format
         self.chat, self.chat_tokenizer = chat, chat_tokenizer
         self.privileged_solution, self.max_response_chars = privileged_solution, max_response_chars
-        self._pool_args = dict(workers=verifier_workers, call_timeout_s=verifier_timeout_s,
-                               batch_timeout_s=verifier_batch_timeout_s, max_chars=verifier_max_chars,
-                               memory_mb=verifier_memory_mb)
-        self._verifier: VerifierPool | None = None
+        self._init_pool(verifier_workers, verifier_timeout_s, verifier_batch_timeout_s, verifier_max_chars,
+                        verifier_memory_mb)
         self._render = _chat_renderer(chat_tokenizer) if chat else (lambda text: text)
 
         import reasoning_gym
@@ -228,13 +226,6 @@ class ReasoningGymTask:
         return len(self._train)
 
     # ------------------------------------------------------------------ reward
-    @property
-    def verifier(self) -> VerifierPool:
-        """The sandboxed math-verify pool, started on first use."""
-        if self._verifier is None:
-            self._verifier = VerifierPool(**self._pool_args)
-        return self._verifier
-
     def parsable(self, text: str) -> bool:
         """Does the response end in a final answer of ``answer_format`` (whatever its value)?"""
         return extract_answer(text, self.answer_format) is not None
@@ -258,17 +249,6 @@ class ReasoningGymTask:
             for (i, _, _), s in zip(todo, checked):
                 scores[i] = s
         return scores
-
-    def score(self, problem: Problem, response_text: str) -> float:
-        return self.score_many([problem], [response_text])[0]
-
-    def verifier_stats(self) -> dict:
-        return dict(self._verifier.stats) if self._verifier is not None else {}
-
-    def close(self) -> None:
-        if self._verifier is not None:
-            self._verifier.close()
-            self._verifier = None
 
     # ------------------------------------------------------------------ supervision and metadata
     def solution(self, problem: Problem) -> str:

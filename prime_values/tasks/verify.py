@@ -456,3 +456,36 @@ class VerifierPool:
         return {"workers": self.n_workers, "call_timeout_s": self.call_timeout_s, "kill_grace_s": self.kill_grace_s,
                 "batch_timeout_s": self.batch_timeout_s, "max_chars": self.max_chars,
                 "memory_mb": self.memory_mb, "stats": dict(self.stats)}
+
+
+class PooledVerification:
+    """What a task that checks answers through a `VerifierPool` shares (math, reasoning_gym): the pool started on
+    first use from `_pool_args`, one check at a time, its counters, and closing it."""
+
+    _pool_args: dict
+    _verifier: VerifierPool | None = None
+
+    def _init_pool(self, workers: int, timeout_s: float, batch_timeout_s: float, max_chars: int,
+                   memory_mb: int | None) -> None:
+        self._pool_args = dict(workers=workers, call_timeout_s=timeout_s, batch_timeout_s=batch_timeout_s,
+                               max_chars=max_chars, memory_mb=memory_mb)
+        self._verifier = None
+
+    @property
+    def verifier(self) -> VerifierPool:
+        """The sandboxed math-verify pool, started on first use."""
+        if self._verifier is None:
+            self._verifier = VerifierPool(**self._pool_args)
+        return self._verifier
+
+    def score(self, problem, response_text: str) -> float:
+        """One check through the pool; prefer ``score_many`` for a batch (it uses every worker)."""
+        return self.score_many([problem], [response_text])[0]
+
+    def verifier_stats(self) -> dict:
+        return dict(self._verifier.stats) if self._verifier is not None else {}
+
+    def close(self) -> None:
+        if self._verifier is not None:
+            self._verifier.close()
+            self._verifier = None
