@@ -205,6 +205,7 @@ def adam_bounds(grads: list[dict], other: list[dict], weights: dict, lr: float) 
     return bounds
 
 
+@pytest.mark.slow  # two gloo processes (~20 s each): out of the fast tier
 def test_two_process_fsdp_matches_one_process(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -259,6 +260,7 @@ def test_two_process_fsdp_matches_one_process(tmp_path):
         torch.equal(published["lm_head.weight"], published["model.embed_tokens.weight"])
 
 
+@pytest.mark.slow  # two gloo processes (~20 s each): out of the fast tier
 def test_optimizer_state_saved_by_two_processes_resumes_with_two_or_one(tmp_path):
     """A 2-process trainer's Adam moments, saved with its version, come back whole on a restart with 2 processes
     or with 1 (the full state keyed by parameter name); so does a 1-process trainer's."""
