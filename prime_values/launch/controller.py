@@ -16,6 +16,8 @@ Exit status: 0 when every task exited 0, else 1. Only the standard library is im
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import os
 import shlex
@@ -29,13 +31,15 @@ POLL_S = 0.05
 GRACE_S = 3.0  # after a stop signal or the time limit: SIGINT, then SIGKILL after this long
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent(parent: int) -> None:
+    """In the child between fork and exec: SIGKILL when `parent` (the pid that forked us, read before the fork)
+    dies. A parent killed before the prctl call would never deliver it, so a child already orphaned exits."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
     except Exception:  # noqa: BLE001 - not Linux: the conductor's kill_tree remains
         pass
+    if os.getppid() != parent:  # the parent died between the fork and the prctl: nobody would end us
+        os._exit(1)
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -50,11 +54,12 @@ class ForkedTask:
     def __init__(self, folder: Path, job_id: str, env: dict, out: str, err: str):
         sys.stdout.flush()
         sys.stderr.flush()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the task: its environment and logs, then submitit's job runner, as `-m submitit.core._submit`
             code = 1
             try:
-                _die_with_parent()
+                _die_with_parent(parent)
                 for signum in (signal.SIGTERM, signal.SIGCHLD):
                     signal.signal(signum, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt, as in a fresh process
@@ -147,7 +152,7 @@ class Controller:
                 continue
             with open(out, "a") as stdout, open(err, "a") as stderr:
                 self.tasks.append(subprocess.Popen(self.command, env=env, stdout=stdout, stderr=stderr,
-                                                   preexec_fn=_die_with_parent))
+                                                   preexec_fn=functools.partial(_die_with_parent, os.getpid())))
 
     def wait(self) -> dict:
         """Until every task ended, or one failed (the others are then ended), or the time limit passed."""

@@ -40,13 +40,13 @@ def preload() -> None:
             print(f"zygote: could not preload {name}: {error}", file=sys.stderr, flush=True)
 
 
-def _controller_main(request: dict) -> None:
+def _controller_main(request: dict, zygote: int) -> None:
     """In the forked child: become the job's controller (its tasks are forked from here), then exit."""
     from prime_values.launch.controller import Controller, _die_with_parent
 
     code = 1
     try:
-        _die_with_parent()  # a killed zygote takes its controllers (and so their tasks) with it
+        _die_with_parent(zygote)  # a killed zygote takes its controllers (and so their tasks) with it
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         os.environ.clear()
@@ -85,13 +85,14 @@ def serve(path: str) -> None:
                     continue
                 sys.stdout.flush()
                 sys.stderr.flush()
+                zygote = os.getpid()
                 pid = os.fork()
                 if pid == 0:
                     listener.close()
                     for other in children.values():
                         other.close()
                     conn.close()
-                    _controller_main(request)
+                    _controller_main(request, zygote)
                 children[pid] = conn
                 try:
                     conn.sendall(f"{pid}\n".encode())
