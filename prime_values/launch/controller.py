@@ -16,13 +16,16 @@ Exit status: 0 when every task exited 0, else 1. Only the standard library is im
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import random
 import shlex
 import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 POLL_S = 0.05
@@ -31,8 +34,6 @@ GRACE_S = 3.0  # after a stop signal or the time limit: SIGINT, then SIGKILL aft
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
     except Exception:  # noqa: BLE001 - not Linux: the conductor's kill_tree remains
         pass
@@ -65,8 +66,6 @@ class ForkedTask:
                     os.dup2(target, fd)
                     os.close(target)
                 sys.argv = ["submitit-task", str(folder)]
-                import random
-
                 random.seed()  # fresh unseeded state, as a new interpreter has (the fork copied the server's)
                 if "numpy" in sys.modules:
                     sys.modules["numpy"].random.seed()
@@ -81,8 +80,6 @@ class ForkedTask:
             except SystemExit as exit_:
                 code = exit_.code if isinstance(exit_.code, int) else 1
             except BaseException:  # noqa: BLE001 - the traceback goes to the task's log, as in a fresh process
-                import traceback
-
                 traceback.print_exc()
             finally:
                 sys.stdout.flush()
