@@ -6,6 +6,11 @@ response. `check_budget` measures the longest prompt a task renders and says whi
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
+from prime_values.tasks import make_task
+
 
 class BudgetError(ValueError):
     """A token budget that cannot hold the prompt plus a response; the message names the key and the fix."""
@@ -56,15 +61,10 @@ def check_run_budget(cfg, sample: int = 64) -> dict | None:
     positions. None when the model is 'tiny' or not a local directory. Loads the
     tokenizer and builds the task in this process (a second or two; None when either fails to load here: the jobs
     then report it); raises BudgetError."""
-    import random
-    from pathlib import Path
-
     model = str(cfg.policy.model)
     if model == "tiny" or not Path(model).expanduser().is_dir():
         return None
     from transformers import AutoConfig, AutoTokenizer
-
-    from prime_values.tasks import make_task
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(model)

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from prime_values.launch import descendants
 from prime_values.rundir import RunDir
 
 ROLES = ("inference0", "evaluator", "orchestrator", "policy_trainer", "value_trainer")
@@ -37,8 +38,6 @@ def role_pids(run_dir: Path, name: str) -> list[int]:
     its command line (the folder name ends the path, so 'inference0' never matches 'inference01'); one forked
     from the run's fork server (launcher.fork_server) has the server's command line, which names the run
     directory: it is found as the newest job id of the folder (a controller pid) and that pid's descendants."""
-    from prime_values.launch import descendants
-
     marker = str(run_dir / "jobs" / name)
     found = []
     for proc in Path("/proc").iterdir():

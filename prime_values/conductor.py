@@ -20,10 +20,13 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
-from prime_values.config import load_saved
+from prime_values.config import load_saved, validate
 from prime_values.launch import entry, kill_tree, make_executor, resolve_devices, role_gpus, role_procs
+from prime_values.launch.zygote import ZygoteClient
 from prime_values.live import Progress  # the live view (prime_values/live.py)
 from prime_values.rundir import RunDir, write_atomic
+from prime_values.sweep import after_point
+from prime_values.wandb_sink import start_forwarder
 from prime_values.weights import latest_version
 
 
@@ -187,8 +190,6 @@ def prepare(cfg) -> tuple[RunDir, object]:
     from hydra.core.hydra_config import HydraConfig
 
     import torch
-
-    from prime_values.config import validate
 
     validate(cfg)  # again here: multirun jobs come through here with their own values
     run = RunDir(HydraConfig.get().runtime.output_dir)
@@ -387,8 +388,6 @@ def run_roles(run: RunDir, cfg) -> dict:
         summary = summarise(run, status="finished")
         print(format_summary(summary), flush=True)
         return summary
-    from prime_values.wandb_sink import start_forwarder
-
     sink = start_forwarder(run, cfg)  # forwards metrics/*.jsonl to W&B; a no-op with wandb.mode=disabled
     fork_server = start_fork_server(run, cfg)
     try:
@@ -417,8 +416,6 @@ def run_roles(run: RunDir, cfg) -> dict:
         print(f"prime_values: could not write the plots ({type(error).__name__}: {error}); "
               f"retry with python -m prime_values.report {run.root}", file=sys.stderr, flush=True)
     try:
-        from prime_values.sweep import after_point
-
         after_point(run.root)  # inside a multirun: refresh the sweep's one-row-per-point summary
     except Exception as error:
         print(f"prime_values: could not write the sweep summary ({type(error).__name__}: {error})", file=sys.stderr)
@@ -433,7 +430,6 @@ def start_fork_server(run: RunDir, cfg):
     if cfg.launcher.name != "local" or not cfg.launcher.fork_server:
         return None
     from prime_values.launch import local
-    from prime_values.launch.zygote import ZygoteClient
 
     server = ZygoteClient(run.root)
     if not server.ready(wait_s=120):  # its imports take what one role's would; then every role skips them

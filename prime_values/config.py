@@ -9,19 +9,30 @@ at composition time; `validate` adds the checks a type cannot express (allowed n
 from __future__ import annotations
 
 import ast
+import difflib
+import importlib.util
 import inspect
 import os
+import shutil
+import subprocess
 from dataclasses import MISSING as NO_DEFAULT, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for conf authors)
+from omegaconf import DictConfig, MISSING, OmegaConf  # noqa: F401  (MISSING re-exported for conf authors)
+
+from prime_values import backends
+from prime_values.tasks import make_task
+from prime_values.tasks.math import MathDataError, resolve_source
+from prime_values.tasks.pool import PromptPool
+from prime_values.tasks.reasoning_gym import ANSWER_FORMATS, ReasoningGymError, check_chat_source, check_dataset
+from prime_values.tasks.reverse_text import ReverseTextTask
 
 
 @dataclass
 class TinyArch:
     """Architecture of the embedded tiny model (a Qwen3 built from a config, no download). The default has
-    3.2M parameters: a 0.9M model (hidden 128, 4 heads, MLP 384) learns the arithmetic task by SFT but gains
+    3.2M parameters: a 0.8M model (hidden 128, 4 heads, MLP 384) learns the arithmetic task by SFT but gains
     far less from RL in the same number of steps (see docs/benchmarks.md, "Learnability")."""
 
     hidden_size: int = 256
@@ -658,9 +669,6 @@ def _check_device(key: str, device: str, cuda_count: int) -> None:
 
 def _check_slurm(launcher) -> None:
     """launcher=slurm: the client commands exist, and a partition is named or the cluster has a default one."""
-    import shutil
-    import subprocess
-
     if launcher.partition is not None and not str(launcher.partition).strip():
         raise ConfigError("launcher.partition is empty; name a partition (sinfo lists them) or set it to null for "
                           "the cluster's default")
@@ -679,8 +687,6 @@ def _check_slurm(launcher) -> None:
 
 def _check_backend(cfg) -> None:
     """inference.backend: installed (one line saying how to install it), and what it can serve."""
-    from prime_values import backends
-
     name, tp = cfg.inference.backend, cfg.topology.inference_tp
     problem = backends.missing(name)
     if problem:
@@ -698,14 +704,26 @@ def _check_backend(cfg) -> None:
                           "with it (inference=vllm samples single-turn replies)")
 
 
+WANDB_MODES = ("disabled", "offline", "online")
+
+
+def check_wandb(cfg) -> None:
+    """Before launch: `wandb.mode` is allowed and, if it is not `disabled`, wandb is installed (the forwarder:
+    prime_values/wandb_sink.py). Raises ConfigError with one line saying what to do."""
+    mode = cfg.wandb.mode
+    if mode not in WANDB_MODES:
+        raise ConfigError(f"wandb.mode={mode!r} is not allowed; choose one of {', '.join(WANDB_MODES)}")
+    if mode != "disabled" and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(f"wandb.mode={mode} needs the wandb package: pip install 'prime_values[wandb]' (or pip "
+                          "install -e '.[wandb]' in a checkout), or set wandb.mode=disabled")
+    if cfg.wandb.poll_s <= 0:
+        raise ConfigError(f"wandb.poll_s={cfg.wandb.poll_s} must be > 0")
+
+
 def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) -> None:
     """Checks a type cannot express. Raises ConfigError with one sentence naming the key and what is allowed.
     `environment=False` (`--cfg job`, composing for another machine) leaves out the checks of this machine: the
     SLURM commands, installed backends and extras, data sets, directories, CUDA devices; they belong to the launch."""
-    import difflib
-
-    from omegaconf import DictConfig
-
     def no_unknown_keys(node, schema, prefix: str = "") -> None:  # `+key=value` adds keys the schema lacks
         for key in node.keys():
             if key not in schema:
@@ -831,8 +849,6 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
                               "'{...}' field; e.g. 'answer:{privileged}|', or '{privileged:<3}|' to pad it to 3 "
                               "characters (or set critic.privileged=false)")
     if cfg.policy.attn_implementation == "flash_attention_2" and environment:
-        import importlib.util
-
         if importlib.util.find_spec("flash_attn") is None:
             raise ConfigError("policy.attn_implementation=flash_attention_2 but flash-attn is not installed: pip "
                               "install flash-attn, or use policy.attn_implementation=auto (sdpa without it)")
@@ -877,10 +893,6 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
                           f"(critic.batch_rollouts={cfg.critic.batch_rollouts}); raise replay.capacity or lower "
                           "critic.batch_rollouts")
     if cfg.task.name == "math" and environment:
-        import importlib.util
-
-        from prime_values.tasks.math import MathDataError, resolve_source
-
         if importlib.util.find_spec("math_verify") is None or importlib.util.find_spec("datasets") is None:
             raise ConfigError("task.name=math needs math-verify and datasets: pip install 'prime_values[math]' "
                               "(or pip install -e '.[math]' in a checkout)")
@@ -891,10 +903,6 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
                 except MathDataError as error:
                     raise ConfigError(str(error)) from None
     if cfg.task.name == "reasoning_gym":
-        import importlib.util
-
-        from prime_values.tasks.reasoning_gym import ANSWER_FORMATS, ReasoningGymError, check_dataset
-
         if importlib.util.find_spec("math_verify") is None:
             raise ConfigError("task.name=reasoning_gym needs math-verify: pip install 'prime_values[reasoning_gym]' "
                               "(or pip install -e '.[reasoning_gym]' in a checkout)")
@@ -914,15 +922,11 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
             raise ConfigError("task.chat=true needs task.chat_tokenizer (the policy's tokenizer, ${policy.model}); "
                               "or set task.chat=false")
         if cfg.task.chat:
-            from prime_values.tasks.reasoning_gym import check_chat_source
-
             try:
                 check_chat_source(cfg.task.chat_tokenizer)
             except ReasoningGymError as error:
                 raise ConfigError(str(error)) from None
     if cfg.task.name == "reverse_text":
-        from prime_values.tasks.reverse_text import ReverseTextTask
-
         try:
             ReverseTextTask(cfg.task.min_chars, cfg.task.max_chars, cfg.task.alphabet, cfg.task.heldout_size,
                             cfg.task.seed)
@@ -950,9 +954,6 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
     for bad in set(cfg.task.ops) - set("+-*"):
         raise ConfigError(f"task.ops={cfg.task.ops!r} contains {bad!r}; use characters from '+-*'")
     if cfg.task.train_pool and cfg.task.name in ("arith", "reverse_text"):  # cheap to draw here, before any job
-        from prime_values.tasks import make_task
-        from prime_values.tasks.pool import PromptPool
-
         try:
             PromptPool(make_task(**cfg.task), cfg.task.train_pool, cfg.task.seed)
         except ValueError as error:
@@ -968,8 +969,6 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
         if _get(cfg, f"topology.{trainer}_procs") > 1:
             raise ConfigError(f"{role}.lora.enabled=true runs in one process; set topology.{trainer}_procs=1 "
                               f"(LoRA with FSDP is not supported yet)")
-        import importlib.util
-
         if environment and importlib.util.find_spec("peft") is None:
             raise ConfigError(f"{role}.lora.enabled=true needs peft: pip install 'prime_values[lora]' "
                               "(or pip install -e '.[lora]' in a checkout)")
@@ -987,8 +986,6 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
     if cfg.topology.value_trainer_procs > 1 and cfg.topology.evaluator == "colocated":
         raise ConfigError(f"topology.value_trainer_procs={cfg.topology.value_trainer_procs} needs "
                           "topology.evaluator=dedicated (a colocated evaluator scores inside one process)")
-    from prime_values.wandb_sink import check_wandb
-
     check_wandb(cfg)
     if cuda_count is None and os.environ.get("PRIME_VALUES_CUDA_COUNT", "").isdigit():
         cuda_count = int(os.environ["PRIME_VALUES_CUDA_COUNT"])  # compose for another machine (e.g. --cfg job)

@@ -24,6 +24,7 @@ directory (safetensors in float32, the tokenizer with its chat template) and the
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -270,8 +271,6 @@ def prepare(model: str, cache_dir: str = "", key: str = "policy.model") -> str:
 def main(argv: list[str] | None = None) -> int:
     """`python -m prime_values.gguf [--cache-dir D] FILE.gguf|package:file.gguf`: convert (or find) it and
     print the directory on the last line."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("model")
     parser.add_argument("--cache-dir", default="")

@@ -25,6 +25,7 @@ Throughputs are rates over each role's recent records (wall clock between record
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import sys
@@ -398,8 +399,6 @@ Progress = LiveView  # the conductor's and prime_values.status's name for it
 
 def render(run_dir: str | Path, steps: int | None = None, tty: bool = False, final: bool = False) -> str:
     """The view of a run directory as text (tests, `prime_values.status`)."""
-    import io
-
     run = RunDir(run_dir)
     if steps is None:
         from omegaconf import OmegaConf

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import sys
 import time
 from pathlib import Path
 
@@ -82,9 +84,6 @@ class Timers:
 def peak_rss_mb() -> float | None:
     """This process's peak resident memory so far (MB; None where the platform does not say)."""
     try:
-        import resource
-        import sys
-
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return round(peak / (2 ** 20 if sys.platform == "darwin" else 2 ** 10), 1)  # bytes on macOS, KiB on Linux
     except Exception:  # noqa: BLE001

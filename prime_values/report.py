@@ -9,6 +9,7 @@ from pathlib import Path
 
 from prime_values.algo.ev import ev_from_sums
 from prime_values.monitor import read_metrics
+from prime_values.plots import plot_run
 from prime_values.rundir import RunDir, write_atomic
 from prime_values.weights import latest_version
 
@@ -128,8 +129,6 @@ def _time_lines(fractions) -> list[str]:
 
 def write_report(run: RunDir | str | Path, summary: dict) -> Path:
     """report/summary.md with the figures and the plots (prime_values.plots); returns its path."""
-    from prime_values.plots import plot_run
-
     run = run if isinstance(run, RunDir) else RunDir(run)
     plots = plot_run(run)
     text = "\n".join(["# Run report", "", "```", format_summary(summary), "```", ""] +

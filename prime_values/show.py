@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prime_values.log.segments import CorruptSegment, NewerSchemaVersion, list_seqs, read_segment, segment_name
+from prime_values.weights import versions
 
 
 class ShowError(Exception):
@@ -175,8 +176,6 @@ class Shown:
 def load_tokenizer(run: Path):
     """The run's tokenizer: saved with every policy version (newest first), else built from config.yaml."""
     from transformers import AutoTokenizer
-
-    from prime_values.weights import versions
 
     root = run / "weights" / "policy"
     for v in reversed(versions(root)):

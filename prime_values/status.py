@@ -17,6 +17,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from prime_values.live import Progress
 from prime_values.rundir import RunDir
 
 
@@ -72,8 +73,6 @@ def job_lines(run: RunDir, cfg, ended: bool) -> list[str]:
 
 
 def status(run_dir: str | Path) -> str:
-    from prime_values.live import Progress
-
     run = RunDir(run_dir)
     cfg = OmegaConf.load(run.config)
     summary = run.report / "summary.json"

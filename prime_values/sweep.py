@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from prime_values.monitor import read_metrics
 from prime_values.rundir import write_atomic
 
 FIGURES = (("final_accuracy", "final acc"), ("first_rl_step_accuracy", "first acc"),
@@ -85,8 +86,6 @@ def _plot(found: list[Path], labels: list[str], out: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from prime_values.monitor import read_metrics
 
     fig, (acc, ev) = plt.subplots(1, 2, figsize=(12, 4.5))
     drawn = False

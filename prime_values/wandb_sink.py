@@ -20,19 +20,19 @@ and logs each record to the run with its keys prefixed by the role (`policy_trai
   upload later with `wandb sync <run>/wandb/offline-run-*`), `online` (needs an API key: WANDB_API_KEY, or a
   netrc entry that `wandb login` writes; without one it falls back to offline with one log line).
 
-wandb is an optional extra: `pip install 'prime_values[wandb]'`. `check_wandb(cfg)` fails before launch when
-a mode needs it and it is not installed. A W&B failure never stops a run: it is reported once and forwarding
-stops.
+wandb is an optional extra: `pip install 'prime_values[wandb]'`. `prime_values.config.check_wandb(cfg)` fails before
+launch when a mode needs it and it is not installed. A W&B failure never stops a run: it is reported once and
+forwarding stops.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import netrc
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -43,24 +43,8 @@ from prime_values.rundir import RunDir, write_atomic
 
 log = logging.getLogger(__name__)
 
-MODES = ("disabled", "offline", "online")
 POLICY_STEP_KEYS = {"policy_trainer": "step", "orchestrator": "step", "inference": "for_step"}
 BEFORE_RL = ("warm_start",)  # roles that run before policy step 1: policy_step 0
-
-
-def check_wandb(cfg) -> None:
-    """Before launch: `wandb.mode` is allowed and, if it is not `disabled`, wandb is installed.
-    Raises ConfigError with one line saying what to do."""
-    from prime_values.config import ConfigError
-
-    mode = cfg.wandb.mode
-    if mode not in MODES:
-        raise ConfigError(f"wandb.mode={mode!r} is not allowed; choose one of {', '.join(MODES)}")
-    if mode != "disabled" and importlib.util.find_spec("wandb") is None:
-        raise ConfigError(f"wandb.mode={mode} needs the wandb package: pip install 'prime_values[wandb]' (or pip "
-                          "install -e '.[wandb]' in a checkout), or set wandb.mode=disabled")
-    if cfg.wandb.poll_s <= 0:
-        raise ConfigError(f"wandb.poll_s={cfg.wandb.poll_s} must be > 0")
 
 
 def has_api_key() -> bool:
@@ -101,8 +85,6 @@ def hydra_names() -> tuple[str | None, str | None]:
         return None, None
     if hc.mode != RunMode.MULTIRUN:
         return None, None
-    import sys
-
     name = sweep_point_name(sys.argv[1:], list(hc.overrides.task)) or hc.job.override_dirname or None
     return sweep_group(hc.sweep.dir), name
 

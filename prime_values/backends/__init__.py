@@ -23,6 +23,7 @@ one for the role.
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 BACKENDS = ("hf", "vllm", "auto")
 
@@ -70,8 +71,6 @@ def make_backend(cfg, device: str, policy_root, seed: int = 0):
     (inference.backend=auto: `choose`, logged in one line)."""
     name = cfg.inference.backend
     if name == "auto":
-        import logging
-
         name, why = choose(cfg)
         logging.getLogger("prime_values.backends").info("inference backend: %s (inference.backend=auto: %s)",
                                                         name, why)

@@ -27,6 +27,8 @@ import os
 import random
 from pathlib import Path
 
+from safetensors import safe_open
+
 from prime_values.models import lora
 from prime_values.models.sampling import Completion
 from prime_values.backends.vllm_worker import ADAPTER_WEIGHTS, weight_files
@@ -42,8 +44,6 @@ CPU_KV_CACHE_BYTES = 1 << 30  # KV cache of a CPU engine unless inference.vllm_a
 def check_weights(path: Path) -> None:
     """Every safetensors file of a version parses and its tensors are all there (header and sizes): raises
     otherwise, before any engine sees the version."""
-    from safetensors import safe_open
-
     files = [path / ADAPTER_WEIGHTS] if lora.is_adapter(path) else weight_files(path)
     for file in files:
         with safe_open(str(file), framework="pt") as handle:

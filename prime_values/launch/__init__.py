@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 from pathlib import Path
 
+from prime_values.launch.topology import role_gpus, role_procs  # noqa: F401  (role_procs: the conductor's)
+from prime_values.roles import ENTRYPOINTS
+
 DEVICE_KEYS = ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device")
-
-
-def role_procs(topology, role: str) -> int:
-    """Processes of a role's job: topology.<role>_procs for the trainers (FSDP2, prime_values.dist), else 1."""
-    return int(topology.get(f"{role}_procs", 1)) if role in ("policy_trainer", "value_trainer") else 1
-
-
-def role_gpus(topology, role: str) -> int:
-    """GPUs of a role's job on a GPU device: one per process, and an inference worker's topology.inference_tp."""
-    return int(topology.get("inference_tp", 1)) if role == "inference" else role_procs(topology, role)
 
 
 def resolve_devices(topology, cuda_count: int) -> None:
@@ -39,8 +33,6 @@ def resolve_devices(topology, cuda_count: int) -> None:
 
 def entry(role: str):
     """The entry function of a role, imported from its module path (the conductor knows roles by name)."""
-    from prime_values.roles import ENTRYPOINTS
-
     module, function = ENTRYPOINTS[role].split(":")
     return getattr(importlib.import_module(module), function)
 
@@ -105,8 +97,6 @@ def descendants(pid: int) -> list[int]:
 
 def kill_tree(pid: int) -> None:
     """SIGKILL a job's controller and everything it started: the last resort against orphans."""
-    import signal
-
     for target in [pid, *descendants(pid)]:
         try:
             os.kill(target, signal.SIGKILL)

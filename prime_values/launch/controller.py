@@ -20,11 +20,13 @@ import ctypes
 import functools
 import json
 import os
+import random
 import shlex
 import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 POLL_S = 0.05
@@ -70,8 +72,6 @@ class ForkedTask:
                     os.dup2(target, fd)
                     os.close(target)
                 sys.argv = ["submitit-task", str(folder)]
-                import random
-
                 random.seed()  # fresh unseeded state, as a new interpreter has (the fork copied the server's)
                 if "numpy" in sys.modules:
                     sys.modules["numpy"].random.seed()
@@ -86,8 +86,6 @@ class ForkedTask:
             except SystemExit as exit_:
                 code = exit_.code if isinstance(exit_.code, int) else 1
             except BaseException:  # noqa: BLE001 - the traceback goes to the task's log, as in a fresh process
-                import traceback
-
                 traceback.print_exc()
             finally:
                 sys.stdout.flush()

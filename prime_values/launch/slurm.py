@@ -10,6 +10,7 @@ A one-node SLURM to try this on: `sudo launchers/local_slurm/start.sh` (see its 
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 from collections.abc import Iterable, Mapping
@@ -17,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+
+from prime_values.launch.local import _tail, last_error_line, result_error, signal_name
+from prime_values.launch.topology import role_gpus, role_procs
 
 # SLURM job states in which a job will not run again; everything else (PENDING, RUNNING, COMPLETING, a
 # PREEMPTED job that may be requeued, UNKNOWN) counts as live, as in submitit.
@@ -176,8 +180,6 @@ STATE_CAUSES = {"PREEMPTED": "preempted", "OUT_OF_MEMORY": "out of memory", "TIM
 def exit_cause(job: submitit.Job) -> str | None:
     """Why a finished SLURM role job ended, in words (None: it completed). Reads squeue/sacct and the job's files,
     never submitit's result wait (15 s for a job that wrote no result)."""
-    from prime_values.launch.local import last_error_line, result_error, signal_name, _tail
-
     state = job_states([job]).get(job.job_id, "UNKNOWN")
     if state == "COMPLETED":
         return None
@@ -207,15 +209,11 @@ ALLOCATION_ENV = "PRIME_VALUES_ALLOCATION"  # set in the pipeline job: role jobs
 
 
 def in_allocation() -> bool:
-    import os
-
     return bool(os.environ.get(ALLOCATION_ENV)) and bool(os.environ.get("SLURM_JOB_ID"))
 
 
 def pipeline_processes(cfg) -> list[tuple[str, int, int]]:
     """(role job, processes, GPUs) of every role the rl stage runs at once (the warm start runs before them)."""
-    from prime_values.launch import role_gpus, role_procs
-
     topo, with_critic = cfg.topology, cfg.advantage.estimator != "grpo"
     roles = [(f"inference{w}", "inference", topo.inference_device) for w in range(topo.inference_workers)]
     if with_critic and topo.evaluator == "dedicated":

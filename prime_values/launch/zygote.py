@@ -17,22 +17,26 @@ gone and its last job has ended, or on SIGTERM.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from pathlib import Path
+
+from prime_values.launch.controller import Controller, _die_with_parent
 
 PRELOAD = ("numpy", "torch", "transformers", "omegaconf", "submitit", "submitit.core.submission",
            "prime_values.config", "prime_values.models.build", "prime_values.launch.controller")
 
 
 def preload() -> None:
-    import importlib
-
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -42,8 +46,6 @@ def preload() -> None:
 
 def _controller_main(request: dict, zygote: int) -> None:
     """In the forked child: become the job's controller (its tasks are forked from here), then exit."""
-    from prime_values.launch.controller import Controller, _die_with_parent
-
     code = 1
     try:
         _die_with_parent(zygote)  # a killed zygote takes its controllers (and so their tasks) with it
@@ -53,8 +55,6 @@ def _controller_main(request: dict, zygote: int) -> None:
         os.environ.update(request["env"])
         code = Controller(Path(request["folder"]), fork=True).run()
     except BaseException:  # noqa: BLE001
-        import traceback
-
         traceback.print_exc()
     finally:
         os._exit(code)
@@ -167,9 +167,6 @@ class ZygoteClient:
     and the caller then starts a fresh process instead."""
 
     def __init__(self, run_dir: str | os.PathLike):
-        import subprocess
-        import tempfile
-
         self.path = os.path.join(tempfile.gettempdir(), f"pv-zygote-{os.getpid()}-{time.time_ns()}.sock")
         self.process = subprocess.Popen([sys.executable, "-m", "prime_values.launch.zygote", self.path,
                                          str(run_dir)], stdin=subprocess.DEVNULL)

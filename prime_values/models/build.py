@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,9 +26,9 @@ from transformers import (
     PreTrainedModel,
     Qwen3Config,
 )
-from transformers.utils import logging as hf_logging
+from transformers.utils import is_flash_attn_2_available, logging as hf_logging
 
-# ~0.85M parameters with the 100-token char vocabulary (tied embeddings).
+# 0.80M parameters (800,640) with the 100-token char vocabulary (tied embeddings).
 DEFAULT_ARCH: dict = dict(
     hidden_size=128,
     num_layers=4,
@@ -122,8 +123,6 @@ def flash_attn_importable() -> tuple[bool, str]:
         importlib.import_module("flash_attn")
     except Exception as error:  # a build for another torch / CUDA: an ImportError or an undefined symbol
         return False, f"flash-attn installed but does not import ({type(error).__name__}: {str(error)[:120]})"
-    from transformers.utils import is_flash_attn_2_available
-
     if not is_flash_attn_2_available():
         return False, "flash-attn installed but transformers cannot use it (no CUDA, or an unsupported version)"
     return True, "flash-attn installed"
@@ -298,9 +297,7 @@ def build_tiny_policy(tokenizer, seed: int = 0, **arch) -> PreTrainedModel:
 
 
 def load_policy(path: str | os.PathLike) -> PreTrainedModel:
-    if (Path(path) / "adapter_config.json").is_file():  # a LoRA version (models/lora.py): merged onto its base
-        from prime_values.models.lora import load_merged
-
+    if is_adapter(path):  # a LoRA version (models/lora.py): merged onto its base
         return load_merged(path, "policy")
     with _quiet():
         model = AutoModelForCausalLM.from_pretrained(
@@ -355,15 +352,69 @@ def keep_layers(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
 
 
 def load_critic(path: str | os.PathLike) -> PreTrainedModel:
-    if (Path(path) / "adapter_config.json").is_file():  # a LoRA version (models/lora.py): merged onto its base
-        from prime_values.models.lora import load_merged
-
+    if is_adapter(path):  # a LoRA version (models/lora.py): merged onto its base
         return load_merged(path, "critic")
     with _quiet():
         model = AutoModelForTokenClassification.from_pretrained(
             str(path), dtype=_attention.torch_dtype, attn_implementation=_attention.implementation
         )
     return apply_precision(model.to(_attention.torch_dtype)).eval()
+
+
+# --- LoRA versions, loaded merged: `load_policy` / `load_critic` of an adapter-only version (the training side,
+# wrap / save / adopt, is prime_values/models/lora.py; peft is imported only here, on first use) ---------------
+
+ADAPTER_CONFIG = "adapter_config.json"
+BASE_RECORD = "lora_base.json"
+
+
+def is_adapter(path: str | os.PathLike) -> bool:
+    """True for an adapter-only version directory (PEFT's adapter_config.json, no full weights)."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def base_of(path: str | os.PathLike) -> Path:
+    """The full model directory an adapter version was trained on: the sibling version `base_version` when it is
+    there (the run directory may have moved), else the recorded absolute `base_path`."""
+    path = Path(path)
+    record_file = path / BASE_RECORD
+    if record_file.is_file():
+        record = json.loads(record_file.read_text())
+        version = record.get("base_version")
+        if version is not None and (path.parent / str(version) / "config.json").is_file():
+            return path.parent / str(version)
+        if record.get("base_path"):
+            return Path(record["base_path"])
+    base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base:
+        raise FileNotFoundError(f"{path} is an adapter without a recorded base model ({BASE_RECORD} missing)")
+    return Path(base)
+
+
+def kind_of(path: str | os.PathLike) -> str:
+    """'policy' or 'critic', from the adapter's PEFT task type."""
+    task = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("task_type")
+    return "critic" if task == "TOKEN_CLS" else "policy"
+
+
+@contextlib.contextmanager
+def _quiet_peft():
+    """No transformers deprecation warning from PEFT's model inspection on every wrap / load."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
+def load_merged(path: str | os.PathLike, kind: str | None = None):
+    """The adapter version at `path` folded into its base: a plain transformers model (eval mode, float32)."""
+    from peft import PeftModel
+
+    path = Path(path)
+    kind = kind or kind_of(path)
+    base = base_of(path)
+    with _quiet_peft():
+        model = PeftModel.from_pretrained(load_critic(base) if kind == "critic" else load_policy(base), str(path))
+    return model.merge_and_unload().eval()
 
 
 def critic_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

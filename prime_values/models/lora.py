@@ -13,70 +13,35 @@ The base is the full version the adapter was first put on (version 0, published 
 removes it). Adopters (`Adopting`) hold one base model and, for each new adapter version on that same base, load
 only the adapter tensors into it (no model reload). `load_merged` / `merge` (also `python -m
 prime_values.models.lora merge <version_dir> <out_dir>`) fold an adapter into its base for tools that want a
-plain `from_pretrained` directory; `load_policy` / `load_critic` merge automatically when given an adapter dir.
+plain `from_pretrained` directory; `load_policy` / `load_critic` merge automatically when given an adapter dir
+(the loading side, `load_merged` and the base record, is in models/build.py, below this module).
 
 peft is imported lazily: runs without LoRA never need it (`pip install 'prime_values[lora]'`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import json
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
-ADAPTER_CONFIG = "adapter_config.json"
+# the loading side of adapter versions lives in build (load_policy / load_critic merge them); re-exported here
+from prime_values.models.build import (ADAPTER_CONFIG, BASE_RECORD, _quiet_peft, base_of, is_adapter,  # noqa: F401
+                                       kind_of, load_critic, load_merged, load_policy, save_model)
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-BASE_RECORD = "lora_base.json"
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TASK_TYPES = {"policy": "CAUSAL_LM", "critic": "TOKEN_CLS"}
 
 
-def is_adapter(path: str | os.PathLike) -> bool:
-    """True for an adapter-only version directory (PEFT's adapter_config.json, no full weights)."""
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def base_of(path: str | os.PathLike) -> Path:
-    """The full model directory an adapter version was trained on: the sibling version `base_version` when it is
-    there (the run directory may have moved), else the recorded absolute `base_path`."""
-    path = Path(path)
-    record_file = path / BASE_RECORD
-    if record_file.is_file():
-        record = json.loads(record_file.read_text())
-        version = record.get("base_version")
-        if version is not None and (path.parent / str(version) / "config.json").is_file():
-            return path.parent / str(version)
-        if record.get("base_path"):
-            return Path(record["base_path"])
-    base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    if not base:
-        raise FileNotFoundError(f"{path} is an adapter without a recorded base model ({BASE_RECORD} missing)")
-    return Path(base)
-
-
-def kind_of(path: str | os.PathLike) -> str:
-    """'policy' or 'critic', from the adapter's PEFT task type."""
-    task = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("task_type")
-    return "critic" if task == "TOKEN_CLS" else "policy"
-
-
 def _load_full(path: Path, kind: str):
-    from prime_values.models.build import load_critic, load_policy
-
     return (load_critic if kind == "critic" else load_policy)(path)
-
-
-@contextlib.contextmanager
-def _quiet_peft():
-    """No transformers deprecation warning from PEFT's model inspection on every wrap / load."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        yield
 
 
 def _record_base(model, base: Path) -> None:
@@ -134,8 +99,6 @@ def protected(model) -> tuple[int, ...]:
 
 def save_adapter(model, tokenizer, path: str | os.PathLike) -> None:
     """An adapter-only version: PEFT's adapter files, the tokenizer and the base record (see the module doc)."""
-    from prime_values.models.build import save_model
-
     path = Path(path)
     save_model(model, tokenizer, path)  # save_pretrained of a PeftModel writes the adapter only
     (path / "README.md").unlink(missing_ok=True)  # PEFT's model-card stub
@@ -149,8 +112,6 @@ def save_adapter(model, tokenizer, path: str | os.PathLike) -> None:
 
 def saver(lcfg):
     """`save(model, tokenizer, path)` for a trainer's publication: adapter-only with LoRA, the full model otherwise."""
-    from prime_values.models.build import save_model
-
     return save_adapter if lcfg.enabled else save_model
 
 
@@ -185,7 +146,6 @@ class Adopting:
             self.model, self.key = None, None
             return self.load_full(path).to(self.device)
         from peft import PeftModel, set_peft_model_state_dict
-        from safetensors.torch import load_file
 
         key = (str(base_of(path).resolve()), _signature(path))
         if self.model is not None and self.key == key:
@@ -201,24 +161,9 @@ class Adopting:
         return model.get_base_model()
 
 
-def load_merged(path: str | os.PathLike, kind: str | None = None):
-    """The adapter version at `path` folded into its base: a plain transformers model (eval mode, float32)."""
-    from peft import PeftModel
-
-    path = Path(path)
-    kind = kind or kind_of(path)
-    with _quiet_peft():
-        model = PeftModel.from_pretrained(_load_full(base_of(path), kind), str(path))
-    return model.merge_and_unload().eval()
-
-
 def merge(version_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     """Write the merged model of an adapter version (and its tokenizer) to `out_dir`, loadable with
     `AutoModelForCausalLM` (policy) / `AutoModelForTokenClassification` (critic) `.from_pretrained`."""
-    from transformers import AutoTokenizer
-
-    from prime_values.models.build import save_model
-
     version_dir, out_dir = Path(version_dir), Path(out_dir)
     if not is_adapter(version_dir):
         raise ValueError(f"{version_dir} is not an adapter version (no {ADAPTER_CONFIG}); it is already loadable")
@@ -228,8 +173,6 @@ def merge(version_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m prime_values.models.lora",
                                      description="LoRA versions of a prime_values run")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -8,9 +8,9 @@ import os
 import time
 import zlib
 
-
 from prime_values.config import load_saved
 from prime_values.launch import job_device
+from prime_values.log import LogReader, SegmentWriter
 from prime_values.monitor import MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
 
@@ -61,14 +61,10 @@ class RoleContext:
 
     def writer(self, stream: str, shard: str):
         """The single writer of one shard of a log stream."""
-        from prime_values.log import SegmentWriter
-
         return SegmentWriter(self.run.stream(stream), shard, stream, durable_rename=self.cfg.log.durable_rename)
 
     def reader(self, stream: str, consumer: str, shards=None):
         """A cursor-keeping reader of every shard of a log stream (or of those `shards(name)` accepts)."""
-        from prime_values.log import LogReader
-
         return LogReader(self.run.stream(stream), consumer, self.run.cursors, stream, shards=shards)
 
     def mark_done(self, **summary) -> None:

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from prime_values.backends import as_backend
 from prime_values.tasks.verifiers_env import EnvRollout
 
 
@@ -33,8 +34,6 @@ def sample_and_score(policy, tokenizer, task, problems, num_samples: int, max_ne
     with ``task.score_many`` (``scored_replies``). ``policy``: an inference backend (``prime_values.backends``)
     or a transformers model; ``max_new_tokens`` caps each policy turn; ``temperature <= 0`` decodes greedily;
     ``batch_size`` caps the rows one decode holds."""
-    from prime_values.backends import as_backend
-
     backend = as_backend(policy)
     if hasattr(task, "rollout"):
         return task.rollout(backend.model, tokenizer, problems, num_samples=num_samples,

@@ -15,6 +15,7 @@ from prime_values.log import to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import CriticInputs
+from prime_values.weights import Adopter
 
 
 def evaluator_name(index: int) -> str:
@@ -102,7 +103,6 @@ def main(run_dir: str, index: int = 0) -> None:
     from transformers import AutoTokenizer
 
     from prime_values.models import load_critic, lora
-    from prime_values.weights import Adopter
 
     ctx = RoleContext(run_dir, evaluator_name(index), "evaluator_device")
     timers = Timers()

@@ -11,9 +11,12 @@ import json
 import random
 import time
 
+from prime_values.backends import make_backend
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.rundir import write_atomic
+from prime_values.tasks import make_task
+from prime_values.tasks.pool import training_prompts
 from prime_values.weights import latest_version
 
 
@@ -87,8 +90,6 @@ class WarmupOffset:
 
 
 def main(run_dir: str, worker: int = 0) -> None:
-    from prime_values.backends import make_backend
-
     ctx = RoleContext(run_dir, f"inference{worker}", "inference_device")
     backend = make_backend(ctx.cfg, ctx.device, ctx.run.weights("policy"), seed=ctx.seed())  # inference.backend
     try:
@@ -101,9 +102,6 @@ def generate(ctx: RoleContext, backend, shard: str) -> None:
     """The worker's loop: adopt the newest policy version (`backend.policy`, an Adopter: in place, LoRA versions
     adapter only), sample a chunk for the step it is meant for, append it to the log shard."""
     from transformers import AutoTokenizer
-
-    from prime_values.tasks import make_task
-    from prime_values.tasks.pool import training_prompts
 
     cfg, policy, timers = ctx.cfg, backend.policy, Timers()
     task = make_task(**cfg.task)

@@ -19,7 +19,7 @@ import torch
 from prime_values.algo.gae import (adaptive_lambda, advantages_and_targets, explained_variance, grpo_advantages,
                                    tether_advantages, whiten)
 from prime_values.algo.ev import ev_sums
-from prime_values.log import to_rows
+from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import padded
@@ -290,8 +290,6 @@ class ReadyGroups:
 def already_used(ctx: RoleContext, needs_values: bool) -> tuple[set[str], set[str]]:
     """(rollout ids in published batches, group ids whose targets were published): what a restarted
     orchestrator must not batch or send to the value trainer again."""
-    from prime_values.log import LogReader
-
     def ids(stream: str, column: str) -> set[str]:
         reader = LogReader(ctx.run.stream(stream), f"orchestrator.restart.{stream}", ctx.run.cursors, stream)
         return {x for segment in reader.poll() for x in segment.table.column(column).to_pylist()}  # never commits

@@ -16,7 +16,9 @@ from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import attention_mask, padded
+from prime_values.roles.evaluation import heldout_accuracy
 from prime_values.rundir import write_atomic
+from prime_values.tasks import make_task
 from prime_values.weights import prune, publish, resume, version_dir
 
 
@@ -107,11 +109,9 @@ class TimeBudget:
         self.metrics_path, self.previous = metrics_path, None
 
     def eval_s(self) -> float:
-        import json as _json
-
         if self.metrics_path is None or not self.metrics_path.exists():
             return 0.0
-        spans = [r.get("heldout_s") for r in map(_json.loads, self.metrics_path.read_text().splitlines())
+        spans = [r.get("heldout_s") for r in map(json.loads, self.metrics_path.read_text().splitlines())
                  if "heldout_s" in r]
         return float(spans[0]) if spans else 0.0
 
@@ -129,9 +129,6 @@ def main(run_dir: str) -> None:
 
     from prime_values.models import lora, read_optimizer_state, save_optimizer_state
     from prime_values.models.build import enable_checkpointing
-    from prime_values.roles.evaluation import heldout_accuracy
-    from prime_values.tasks import make_task
-
     ctx = RoleContext(run_dir, "policy_trainer", "policy_trainer_device")
     timers = Timers()
     cfg, policy_root = ctx.cfg, ctx.run.weights("policy")

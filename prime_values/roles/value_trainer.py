@@ -22,6 +22,7 @@ from prime_values.monitor import Timers
 from prime_values.replay import IngestQueue, ReplayBuffer, dump_snapshot, load_snapshot
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import critic_step
+from prime_values.roles.evaluator import Scorer
 from prime_values.weights import prune, publish, resume, version_dir
 
 
@@ -76,7 +77,6 @@ def main(run_dir: str) -> None:
 
     from prime_values.models import lora, read_optimizer_state, save_optimizer_state
     from prime_values.models.build import enable_checkpointing
-    from prime_values.roles.evaluator import Scorer
 
     ctx = RoleContext(run_dir, "value_trainer", "value_trainer_device")
     timers = Timers()

@@ -16,8 +16,14 @@ import torch
 
 from prime_values.algo.ema import WeightAverage
 from prime_values.algo.gae import gae
+from prime_values.log import LogReader, to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import critic_step, padded
+from prime_values.roles.evaluation import heldout_accuracy, sample_and_score, supervised_warm_start
+from prime_values.roles.inference import env_rows
+from prime_values.rundir import RunDir
+from prime_values.tasks import make_task
+from prime_values.tasks.pool import training_prompts
 from prime_values.weights import latest_version, publish, version_dir
 
 
@@ -29,8 +35,6 @@ def supervised(ctx: RoleContext, model, tokenizer, task) -> float | None:
 
     The held-out set stays untouched until RL's first evaluation, so "accuracy at the first RL step" is not
     a number SFT was stopped on."""
-    from prime_values.roles.evaluation import heldout_accuracy, supervised_warm_start
-
     ws, last_val = ctx.cfg.policy.warm_start, {}
 
     def on_log(step: int, metrics: dict) -> None:
@@ -54,10 +58,6 @@ def sample_for_critic(ctx: RoleContext, policy, tokenizer, task) -> list[dict]:
     """Rollouts of the warm-started policy with their Monte-Carlo value targets (the critic's first data): sampled
     as the inference role samples (``group_size`` per prompt at ``inference.temperature``; a task with episodes,
     task=verifiers, runs them, so multi-turn traces keep their environment tokens at policy_mask 0)."""
-    from prime_values.roles.evaluation import sample_and_score
-    from prime_values.roles.inference import env_rows
-    from prime_values.tasks.pool import training_prompts
-
     cfg, rows, rng = ctx.cfg, [], random.Random(ctx.seed(2))
     pool = training_prompts(task, cfg.task.train_pool, cfg.task.seed)
     prompts = max(1, cfg.critic.warm_start.rollouts // cfg.inference.group_size)
@@ -72,9 +72,6 @@ def sample_for_critic(ctx: RoleContext, policy, tokenizer, task) -> list[dict]:
 
 def rollouts_of_run(ctx: RoleContext, run_dir: str) -> list[dict]:
     """The newest `critic.warm_start.rollouts` rollouts of an earlier run's log, with Monte-Carlo returns."""
-    from prime_values.log import LogReader, to_rows
-    from prime_values.rundir import RunDir
-
     reader = LogReader(RunDir(run_dir).stream("rollouts"), "warm_start.from_run", ctx.run.cursors, "rollouts")
     rows = [row for segment in reader.poll() for row in to_rows(segment.table)]  # never committed: read-only
     if not rows:
@@ -130,7 +127,6 @@ def main(run_dir: str) -> None:
 
     from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, save_model
     from prime_values.models.tokenizer import ensure_pad_token
-    from prime_values.tasks import make_task
 
     ctx = RoleContext(run_dir, "warm_start", "policy_trainer_device")  # the policy trainer's device is free now
     cfg = ctx.cfg

@@ -20,8 +20,15 @@ import sys
 
 from omegaconf import OmegaConf
 
+from prime_values.budget import BudgetError, check_run_budget
+from prime_values.conductor import conduct
+from prime_values.config import ConfigError
+from prime_values.gguf import GGUFError, is_gguf, prepare
+from prime_values.rundir import RunDir
+from prime_values.stages import evaluate, sft
 from prime_values.stages.common import MODEL_STAGES, STAGES, StageFailed, mark_done, read_done, resolved_config, \
     run_stage_job
+from prime_values.stages.sft import SFTDataError, check_source
 
 __all__ = ["STAGES", "plan", "run_stages", "validate_stages"]
 
@@ -34,8 +41,6 @@ def plan(cfg) -> list[str]:
 def validate_stages(cfg, environment: bool = True) -> None:
     """Stage names and each stage's inputs, before any job starts; raises ConfigError (one line: key and fix).
     `environment=False` (`--cfg job`): leave out what depends on this machine (the SFT data is there)."""
-    from prime_values.config import ConfigError
-
     names = list(cfg.stages)
     for i, name in enumerate(names):
         if name not in STAGES:
@@ -78,8 +83,6 @@ def validate_stages(cfg, environment: bool = True) -> None:
             raise ConfigError(f"eval.k contains {k}, but pass@k needs 1 <= k <= eval.samples={ev.samples}; raise "
                               f"eval.samples or drop {k}")
     if "sft" in run and environment:
-        from prime_values.stages.sft import SFTDataError, check_source
-
         try:
             check_source(sft, cfg.task)
         except SFTDataError as error:
@@ -149,9 +152,6 @@ def run_stages(cfg) -> dict:
     """Run the stages of `cfg` in Hydra's output directory; returns each stage's done record."""
     from hydra.core.hydra_config import HydraConfig
 
-    from prime_values.config import ConfigError
-    from prime_values.rundir import RunDir
-
     try:
         validate_stages(cfg)  # again here: multirun points come through here with their own values
     except ConfigError as error:
@@ -202,9 +202,6 @@ def _prepare_model(cfg) -> None:
     into policy.cache_dir, prime_values.gguf), so every stage and role, and `${policy.model}` wherever the config
     interpolates it, see a plain directory; and a local model's token budgets are checked against its tokenizer
     and the task's prompts (prime_values.budget). Bad input exits with one line."""
-    from prime_values.budget import BudgetError, check_run_budget
-    from prime_values.gguf import GGUFError, is_gguf, prepare
-
     try:
         if is_gguf(cfg.policy.model):
             cfg.policy.model = prepare(cfg.policy.model, cfg.policy.cache_dir)
@@ -220,8 +217,6 @@ def _prepare_model(cfg) -> None:
 
 
 def _run_sft(run, cfg, model, upstream, key) -> dict:
-    from prime_values.stages import sft
-
     stage_cfg = resolved_config(cfg)
     stage_cfg.policy.model = model
     print(f"stage sft: fine-tuning {model} -> {run.root}/stages/sft/model", flush=True)
@@ -232,8 +227,6 @@ def _run_sft(run, cfg, model, upstream, key) -> dict:
 
 
 def _run_rl(run, cfg, model, upstream, key) -> dict:
-    from prime_values.conductor import conduct
-
     rl_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     rl_cfg.policy.model = model
     if upstream is not None:
@@ -251,8 +244,6 @@ def _run_rl(run, cfg, model, upstream, key) -> dict:
 
 
 def _run_eval(run, cfg, model, upstream, key) -> dict:
-    from prime_values.stages import evaluate
-
     stage_cfg = resolved_config(cfg)
     stage_cfg.policy.model = model
     results = run_stage_job(run, stage_cfg, "eval", evaluate.main, stage_cfg.topology.inference_device)

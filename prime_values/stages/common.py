@@ -20,6 +20,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from prime_values.launch import job_device, kill_tree, make_executor, resolve_devices
+from prime_values.monitor import MetricsTail, MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
 
 STAGES = ("sft", "rl", "eval")
@@ -57,9 +59,6 @@ class StageContext:
     """Inside a stage job: the run, the stage's resolved config, metrics, device, seeds and the stop check."""
 
     def __init__(self, run_dir: str | os.PathLike, name: str, device_key: str):
-        from prime_values.launch import job_device
-        from prime_values.monitor import MetricsWriter
-
         self.run, self.name = RunDir(run_dir), name
         self.dir = stage_dir(self.run, name)
         self.cfg = OmegaConf.load(self.dir / "config.yaml")
@@ -88,8 +87,6 @@ def resolved_config(cfg):
     """A plain, resolved copy of `cfg` with 'auto' devices replaced (as the conductor does for the rl roles)."""
     import torch
 
-    from prime_values.launch import resolve_devices
-
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     resolve_devices(cfg.topology, torch.cuda.device_count())
     return cfg
@@ -105,9 +102,6 @@ def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
     """Submit `function(run_dir)` as the stage's job (local subprocess or sbatch, as launcher says), show its
     progress, and return what it returned. A failure raises StageFailed with the job's last error line;
     Ctrl-C / SIGTERM asks the job to stop, then cancels it."""
-    from prime_values.launch import kill_tree, make_executor
-    from prime_values.monitor import MetricsTail
-
     folder = stage_dir(run, name)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "STOP").unlink(missing_ok=True)

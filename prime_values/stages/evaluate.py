@@ -13,10 +13,13 @@ Results go to `<run>/stages/eval/results.json` (with each prompt's c) and are pr
 
 from __future__ import annotations
 
+import json
 import time
 from math import comb
 
+from prime_values.rundir import write_atomic
 from prime_values.stages.common import StageContext
+from prime_values.tasks import make_task
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -48,16 +51,12 @@ def format_table(results: dict) -> str:
 
 def main(run_dir: str) -> dict:
     """The eval stage job: sample, score, write results.json; returns the results."""
-    import json
 
     from transformers import AutoTokenizer
 
     from prime_values.models import load_policy
     from prime_values.models.tokenizer import ensure_pad_token
     from prime_values.roles.evaluation import sample_and_score
-    from prime_values.rundir import write_atomic
-    from prime_values.tasks import make_task
-
     ctx = StageContext(run_dir, "eval", "inference_device")
     cfg, ev, began = ctx.cfg, ctx.cfg.eval, time.time()
     max_new = ev.max_new_tokens or cfg.inference.max_new_tokens

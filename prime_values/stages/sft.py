@@ -24,7 +24,11 @@ import shutil
 import time
 from pathlib import Path
 
+from prime_values.log import LogReader, to_rows
+from prime_values.rundir import RunDir
 from prime_values.stages.common import StageContext
+from prime_values.tasks import make_task
+from prime_values.tasks.math import MathDataError, _LOCAL_BUILDERS, parse_row, resolve_source
 
 PROMPT_KEYS = ("prompt",)
 RESPONSE_KEYS = ("completion", "response")
@@ -36,8 +40,6 @@ class SFTDataError(ValueError):
 
 def check_source(sft, task_cfg) -> None:
     """Cheap checks before any job starts (no dataset is loaded): one source, and it exists."""
-    from prime_values.tasks.math import MathDataError, resolve_source
-
     if sft.data and sft.from_run:
         raise SFTDataError(f"sft.data={sft.data!r} and sft.from_run={sft.from_run!r} are both set; keep one")
     if not sft.data and not sft.from_run:
@@ -58,8 +60,6 @@ def check_source(sft, task_cfg) -> None:
 
 def rows_to_examples(rows: list[dict], task, source: str) -> list[tuple[str, str]]:
     """(prompt, response) text pairs from dataset rows (prompt+completion/response, or math-task rows)."""
-    from prime_values.tasks.math import parse_row
-
     examples, skipped = [], 0
     for row in rows:
         prompt = next((row[k] for k in PROMPT_KEYS if isinstance(row.get(k), str) and row[k]), None)
@@ -84,8 +84,6 @@ def rows_to_examples(rows: list[dict], task, source: str) -> list[tuple[str, str
 
 
 def load_dataset_rows(sft, cache_dir) -> list[dict]:
-    from prime_values.tasks.math import MathDataError
-
     try:
         return load_rows_any(sft.data, sft.split, sft.data_config, cache_dir)
     except MathDataError as error:
@@ -94,8 +92,6 @@ def load_dataset_rows(sft, cache_dir) -> list[dict]:
 
 def load_rows_any(data: str, split: str, data_config, cache_dir) -> list[dict]:
     """All columns of a dataset's rows (the math task's loader keeps only its own columns)."""
-    from prime_values.tasks.math import _LOCAL_BUILDERS, MathDataError, resolve_source
-
     kind, where = resolve_source(data, "sft.data", cache_dir)
     import datasets
 
@@ -116,9 +112,6 @@ def load_rows_any(data: str, split: str, data_config, cache_dir) -> list[dict]:
 
 def rollout_examples(run_dir: str, min_reward: float, cursor_dir: Path) -> tuple[list[tuple[str, str]], dict]:
     """Distinct (prompt, response) texts of an earlier run's rollouts with reward >= min_reward."""
-    from prime_values.log import LogReader, to_rows
-    from prime_values.rundir import RunDir
-
     reader = LogReader(RunDir(run_dir).stream("rollouts"), "sft.from_run", cursor_dir, "rollouts")
     seen, examples, total, kept = set(), [], 0, 0
     for segment in reader.poll():  # never committed: read-only
@@ -231,7 +224,6 @@ def main(run_dir: str) -> dict:
     from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, save_model
     from prime_values.models.tokenizer import ensure_pad_token
     from prime_values.roles.evaluation import heldout_accuracy
-    from prime_values.tasks import make_task
 
     ctx = StageContext(run_dir, "sft", "policy_trainer_device")
     cfg, sft, began = ctx.cfg, ctx.cfg.sft, time.time()

@@ -7,20 +7,20 @@ from typing import Callable
 
 from .arith import ArithTask, Problem
 from .math import MathTask
+from .reasoning_gym import ReasoningGymTask
 from .reverse_text import ReverseTextTask
 
 
 def _reasoning_gym_task(**kwargs):
-    """reasoning-gym problems, imported only when chosen (the package is an optional extra); gets the keys its
-    constructor names."""
-    from .reasoning_gym import ReasoningGymTask
-
+    """reasoning-gym problems (the package, an optional extra, is imported only when the task is built); gets the
+    keys its constructor names."""
     accepted = inspect.signature(ReasoningGymTask).parameters
     return ReasoningGymTask(**{k: v for k, v in kwargs.items() if k in accepted})
 
 
 def _verifiers_task(**kwargs):
-    """The `verifiers` adapter, imported only when chosen (the package is an optional extra)."""
+    """The `verifiers` adapter, imported only when chosen (the package is an optional extra; the adapter imports
+    asyncio)."""
     from .verifiers_env import VerifiersTask
 
     return VerifiersTask(**kwargs)

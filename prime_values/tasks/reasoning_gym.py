@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import random
+from pathlib import Path
 
 from .arith import Problem
 from .math import last_boxed
@@ -75,9 +77,6 @@ def check_chat_source(source: str, key: str = "task.chat_tokenizer") -> None:
     """Cheap, before any job starts: raise ``ReasoningGymError`` when ``source`` surely has no chat template (the
     embedded tiny model's character tokenizer; a local directory whose tokenizer files hold none). A hub id or a
     GGUF file (converted later) is left to the task itself."""
-    import json
-    from pathlib import Path
-
     fix = "use an instruction-tuned model's tokenizer (e.g. policy=smollm2_135m) or set task.chat=false"
     if source == "tiny":
         raise ReasoningGymError(f"{key}='tiny': the embedded model's character tokenizer has no chat template, and "

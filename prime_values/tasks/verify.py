@@ -29,15 +29,19 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import warnings
 import weakref
+from functools import lru_cache
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as mp_wait
 from pathlib import Path
@@ -64,15 +68,11 @@ def _quiet_worker() -> None:
         lg.disabled = True
         lg.propagate = False
     logging.disable(logging.CRITICAL)
-    import warnings
-
     warnings.simplefilter("ignore")
 
 
 def _die_with_parent() -> None:
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:  # not Linux: the worker still exits on EOF of its socket
         pass
@@ -82,8 +82,6 @@ def _limit_memory(memory_mb: int | None) -> None:
     if not memory_mb:
         return
     try:
-        import resource
-
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except Exception:
@@ -92,7 +90,6 @@ def _limit_memory(memory_mb: int | None) -> None:
 
 def _make_checker():
     """Return ``check(gold, text) -> (correct, gold_parsed)`` with the library's own timeouts off."""
-    from functools import lru_cache
 
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
