@@ -17,7 +17,8 @@ them and does nothing. A plain-critic cell copies only the policy: its warm-star
         hydra.sweep.dir=<out>/ckpt<C>/<cell> hydra.sweep.subdir=seed<S>
 
 (a multirun of one point, so the sweep summary of `python -m prime_values.report` is refreshed as points end),
-started under the heavy lock (`--lock`, fcntl; other work interleaves between runs). Rerunning the same command
+started under the heavy lock (`--lock`, fcntl; released for 15 s between runs so that other work waiting for
+it interleaves). Rerunning the same command
 skips every run whose `report/summary.json` says finished after `--steps` policy steps and restarts every other
 one from scratch (its run directory is removed and re-seeded: its figures then come from one uninterrupted run).
 `--stop-after HH:MM` (UTC) starts no run after that time; the rest waits for the next invocation.
@@ -62,6 +63,7 @@ KINDS = {
     "tether": ["advantage=tether", "critic.privileged=true"],
     "plain": ["advantage=gae", "critic.privileged=false"],
 }
+PAUSE_S = 15  # seconds between two runs with the heavy lock released
 DEFAULT_CELLS = "grpo:8,gae:8,gae:4,gae:2,gae:1,grpo:4,grpo:2,tether:4,plain:4"
 # the tests' SMALL overrides (tests/e2e_helpers.py): a smaller model, one-digit sums, a short warm start
 SMOKE = ["task.digits=1", "task.min_digits=1", "replay.min_rollouts=8", "critic.batch_rollouts=8",
@@ -126,10 +128,17 @@ class HeavyLock:
             self.file.close()
 
 
-def child(args_: list[str], log_path: Path, timeout_s: float, lock: str | None) -> int:
+class TooLate(Exception):
+    """--stop-after passed while a run waited for the heavy lock: it is not started."""
+
+
+def child(args_: list[str], log_path: Path, timeout_s: float, lock: str | None, stop_after: str | None = None) -> int:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with HeavyLock(lock), open(log_path, "w") as out:
+    with HeavyLock(lock):
+        if too_late(stop_after):  # the wait for the lock may have outlasted --stop-after
+            raise TooLate
+        out = open(log_path, "w")
         began = time.time()
         print(f"  [{time.strftime('%H:%M:%S')}] {' '.join(args_)}", flush=True)
         try:
@@ -137,8 +146,11 @@ def child(args_: list[str], log_path: Path, timeout_s: float, lock: str | None) 
                                 stderr=subprocess.STDOUT, timeout=timeout_s).returncode
         except subprocess.TimeoutExpired:
             rc = 124
+        out.close()
         print(f"    -> rc {rc} in {time.time() - began:.0f} s (output {log_path})", flush=True)
-        return rc
+    if lock:
+        time.sleep(PAUSE_S)  # outside the lock: work waiting for it gets it before the next run
+    return rc
 
 
 def too_late(stop_after: str | None) -> bool:
@@ -180,8 +192,12 @@ def run_grid(args, cells, common: list[str]) -> int:
             if args.smoke:
                 build_smoke_base(base, common)
             else:
-                rc = child([*common, f"seed={c}", "steps=1", "eval_every=1", f"hydra.run.dir={base}"],
-                           out / "logs" / f"ckpt{c}_base.txt", args.timeout, args.lock)
+                try:
+                    rc = child([*common, f"seed={c}", "steps=1", "eval_every=1", f"hydra.run.dir={base}"],
+                               out / "logs" / f"ckpt{c}_base.txt", args.timeout, args.lock, args.stop_after)
+                except TooLate:
+                    print(f"stop-after {args.stop_after} UTC passed while waiting for the lock: base not started")
+                    return failures
                 if rc != 0 or not base_done(base):
                     print(f"warm start of checkpoint {c} failed: see {out / 'logs'}")
                     failures += 1
@@ -197,10 +213,14 @@ def run_grid(args, cells, common: list[str]) -> int:
                     return failures
                 shutil.rmtree(run, ignore_errors=True)
                 seed_run(base, run, ("policy",) if kind == "plain" else ("policy", "critic"))
-                rc = child(["-m", *common, *cell_overrides(kind, g, args.rollouts), f"seed={s}",
-                            f"steps={args.steps}", f"eval_every={args.eval_every}", f"hydra.sweep.dir={sweep}",
-                            f"hydra.sweep.subdir=seed{s}"],
-                           out / "logs" / f"ckpt{c}_{name}_seed{s}.txt", args.timeout, args.lock)
+                try:
+                    rc = child(["-m", *common, *cell_overrides(kind, g, args.rollouts), f"seed={s}",
+                                f"steps={args.steps}", f"eval_every={args.eval_every}", f"hydra.sweep.dir={sweep}",
+                                f"hydra.sweep.subdir=seed{s}"],
+                               out / "logs" / f"ckpt{c}_{name}_seed{s}.txt", args.timeout, args.lock, args.stop_after)
+                except TooLate:
+                    print(f"stop-after {args.stop_after} UTC passed while waiting for the lock: no new run started")
+                    return failures
                 if rc != 0 or not finished(run, args.steps):
                     print(f"    run {run} did not finish (rc {rc}); the next invocation restarts it")
                     failures += 1
