@@ -249,8 +249,9 @@ class AdvantageConfig:
     """'gae' (pure value advantage from the critic), 'grpo' (group-mean baseline, no critic) or 'tether'
     (baseline w·V + (1−w)·group mean, w = how accurate the critic is; see docs/value_functions.md)"""
     tether_mode: str = "group"
-    """tether's weight w: 'group' = clamp(R², 0, 1) of the critic on each group's returns; 'running' =
-    clamp(explained variance on the last prompts_per_step scored groups, 0, 1)"""
+    """tether's weight w: 'group' = clamp(R², 0, 1) of the critic on each group's returns (a group whose returns
+    do not vary: the running explained variance below); 'running' = clamp(explained variance on the last
+    prompts_per_step scored groups, 0, 1); a group of one gets w = 1 (the value baseline) in both"""
     grpo_std: bool = False
     """grpo: divide the group-centred reward by the group's reward std (+1e-6)"""
     adaptive_alpha: float = 0.0
@@ -407,7 +408,8 @@ class InferenceConfig:
     """vllm: extra keyword arguments of vllm.LLM, e.g. {gpu_memory_utilization: 0.3, max_model_len: 4096,
     enforce_eager: true} (a CPU engine's KV cache defaults to kv_cache_memory_bytes=1 GiB)"""
     group_size: int = 8
-    """completions sampled per prompt (one group)"""
+    """completions sampled per prompt (one group); >= 1, and >= 2 for advantage=grpo (gae and tether baseline a
+    group of one with the critic)"""
     prompts_per_step: int = 16
     """prompts per policy step across all workers; a batch has prompts_per_step x group_size rollouts"""
     temperature: float = 1.0
@@ -876,9 +878,10 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
                               f"{arch.max_position_embeddings}, the critic's longest input; lower critic.max_length")
     if cfg.inference.temperature <= 0:
         raise ConfigError(f"inference.temperature={cfg.inference.temperature} must be > 0")
-    if cfg.inference.group_size < 2 and cfg.advantage.estimator in ("grpo", "tether"):
-        raise ConfigError(f"inference.group_size must be >= 2 for advantage={cfg.advantage.estimator} "
-                          "(a group mean of one is the reward)")
+    if cfg.inference.group_size < 2 and cfg.advantage.estimator == "grpo":
+        raise ConfigError(f"inference.group_size={cfg.inference.group_size} must be >= 2 for advantage=grpo (a group "
+                          "mean of one is the reward: every advantage would be 0); raise inference.group_size or use "
+                          "advantage=gae or tether, whose critic baselines a group of one")
     if environment:
         _check_backend(cfg)
     workers = cfg.topology.inference_workers

@@ -62,7 +62,8 @@ class Timers:
     """Where a role's wall time goes, cumulative since the role started: `compute` (its own work), `wait`
     (waiting for input: a batch, rollouts, values, a policy or critic version) and `io` (log and weights reads
     and writes). `timers.time("io")` is a context manager; `snapshot()` gives the metric fields every role logs
-    (`compute_s`, `wait_s`, `io_s`, `role_wall_s`), from which `report.time_fractions` computes fractions."""
+    (`compute_s`, `wait_s`, `io_s`, `role_wall_s`), from which `report.time_fractions` computes fractions, and
+    `cpu_s`, the process's CPU seconds so far (all threads, user + system: what a role cost the machine)."""
 
     KINDS = ("compute", "wait", "io")
 
@@ -78,7 +79,8 @@ class Timers:
 
     def snapshot(self) -> dict:
         return {**{f"{k}_s": round(v, 4) for k, v in self.totals.items()},
-                "role_wall_s": round(time.time() - self.started, 4), "peak_rss_mb": peak_rss_mb()}
+                "role_wall_s": round(time.time() - self.started, 4), "cpu_s": round(time.process_time(), 3),
+                "peak_rss_mb": peak_rss_mb()}
 
 
 def peak_rss_mb() -> float | None:

@@ -73,7 +73,7 @@ CORPUS = [
     (["replay.capacity=32", "replay.min_rollouts=16"], "replay.capacity",
      "raise replay.capacity or lower critic.batch_rollouts"),
     (["replay.min_rollouts=5000"], "replay.min_rollouts", "exceeds replay.capacity"),
-    (["advantage=grpo", "inference.group_size=1"], "inference.group_size", "must be >= 2"),
+    (["advantage=grpo", "inference.group_size=1"], "inference.group_size", "use advantage=gae or tether"),
     (["topology.inference_workers=3"], "topology.inference_workers", "must be divisible"),
     (["critic.max_length=1024"], "critic.max_length", "lower critic.max_length"),
     (["inference.max_new_tokens=300"], "inference.max_new_tokens", "lower it or raise max_position_embeddings"),
@@ -120,6 +120,8 @@ def test_the_corpus_is_large_and_the_baseline_is_valid():
     assert len({tuple(overrides) for overrides, *_ in CORPUS}) == len(CORPUS)
     assert precheck(["+experiment=arith"]) is None
     assert precheck(["+experiment=arith", "advantage=grpo", "replay.capacity=8", "replay.min_rollouts=8"]) is None
+    for estimator in ("gae", "tether"):  # a group of one: the critic is the baseline (docs/value_functions.md)
+        assert precheck(["+experiment=arith", f"advantage={estimator}", "inference.group_size=1"]) is None
 
 
 @pytest.mark.parametrize("overrides, key, fix", CORPUS, ids=[" ".join(c[0]) for c in CORPUS])

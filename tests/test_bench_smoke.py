@@ -140,3 +140,95 @@ def test_prompt_success_features_and_end_to_end(tmp_path):
     success = float(re.search(r"mean success (\d\.\d+)", out.stdout).group(1))
     assert 0.05 < success < 0.95, out.stdout  # version 0 solves some problems, not all
     assert len(re.findall(r"R\^2 +-?\d+\.\d+ +-> position-0 EV", out.stdout)) == 5, out.stdout
+
+
+def _budget_run(root, cell, seed, kind, g, accuracies, versions, equal=None, status="finished"):
+    """A finished-looking run directory of bench/equal_budget.py: config, metrics, summary and a rollout log whose
+    rollout r has policy version versions[r] and r + 1 policy tokens after a 2-token prompt."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from prime_values.config import Config
+    from prime_values.log import SegmentWriter
+
+    run = root / "ckpt0" / cell / f"seed{seed}"
+    (run / "metrics").mkdir(parents=True)
+    cfg = OmegaConf.structured(Config)
+    cfg.advantage.estimator = "grpo" if kind == "grpo" else "gae"
+    cfg.critic.privileged, cfg.seed, cfg.steps = kind != "plain", seed, 20
+    cfg.inference.group_size, cfg.inference.prompts_per_step = g, 8 // g
+    OmegaConf.save(cfg, run / "config.yaml")
+    policy = [{"time": 100.0 + s, "step": s, "heldout_accuracy": a} for s, a in zip((0, 10, 20), accuracies)]
+    policy += [{"time": 100.0 + s, "step": s, "loss": 0.1, "cpu_s": 7.0} for s in (10, 20)]
+    (run / "metrics" / "policy_trainer.jsonl").write_text("".join(json.dumps(x) + "\n" for x in policy))
+    batches = [{"time": 101.0, "step": s, "dropped_stale": 1, "dropped_warmup": 2,
+                **({} if equal is None else {"groups_equal_reward": equal})} for s in range(1, 21)]
+    (run / "metrics" / "orchestrator.jsonl").write_text("".join(json.dumps(x) + "\n" for x in batches))
+    if kind != "grpo":
+        (run / "metrics" / "value_trainer.jsonl").write_text(json.dumps({"time": 90.0, "critic_step": 5,
+                                                                         "cpu_s": 30.0}) + "\n")
+    (run / "report").mkdir()
+    (run / "report" / "summary.json").write_text(json.dumps({"status": status, "policy_steps": 20,
+                                                             "critic_steps": 5, "final_explained_variance": 0.4}))
+    rows = [{"rollout_id": f"r{r}", "prompt_id": "p", "group_id": "g", "shard": "w0", "policy_version": v,
+             "token_ids": [5, 6, *[7] * (r + 1)], "policy_mask": [0, 0, *[1] * (r + 1)],
+             "sampling_logprobs": [0.0] * (r + 3), "reward": 0.0, "stop_reason": "eos", "privileged": "1",
+             "task": "{}", "created_at": 0.0} for r, v in enumerate(versions)]
+    with SegmentWriter(run / "log" / "rollouts", "w0", "rollouts") as writer:
+        writer.append(rows[:2])
+        writer.append(rows[2:])
+    return run
+
+
+def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_accuracy(tmp_path):
+    import json
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import equal_budget
+
+    root = tmp_path / "grid"
+    base = root / "ckpt0" / "base"
+    (base / "metrics").mkdir(parents=True)
+    (base / "metrics" / "warm_start.jsonl").write_text(json.dumps(
+        {"time": 1.0, "critic_pretrain_rollouts": 4, "critic_pretrain_generated_tokens": 100}) + "\n")
+    # grpo_g8: rollouts of versions 0, 0, 9, 19, 20 with 1..5 policy tokens; the evaluation at step 10 stands on
+    # versions < 10 (1 + 2 + 3 = 6 tokens), step 20 on 6 + 4 = 10; version 20 (5 tokens, in flight at the end)
+    # is in the log total (15) but behind no evaluation. Final accuracy 0.5 is the target.
+    grpo = _budget_run(root, "grpo_g8", 0, "grpo", 8, (0.3, 0.4, 0.5), (0, 0, 9, 19, 20), equal=0.25)
+    # gae_g1 reaches 0.5 at step 10: its tokens there = the base's critic warm start (100) + 1 + 2 + 3
+    _budget_run(root, "gae_g1", 0, "gae", 1, (0.3, 0.55, 0.6), (0, 0, 9, 19, 20))
+    _budget_run(root, "gae_g1", 1, "gae", 1, (0.3, 0.45, 0.4), (0, 0, 9, 19, 20), status="stopped")  # left out
+    summary = equal_budget.report(root, "python bench/equal_budget.py --out grid")
+    assert summary["grpo_g8"]["tokens_to_target"] == [10] and summary["gae_g1"]["tokens_to_target"] == [106]
+    run = json.loads((root / "equal_budget.json").read_text())["runs"][0]
+    assert run["log_tokens"] == 15 and run["log_rollouts"] == 5 and run["dropped_stale"] == 1
+    assert summary["grpo_g8"]["groups_equal_reward_mean"] == 0.25 and summary["grpo_g8"]["critic_cpu_s_mean"] == 0
+    assert summary["gae_g1"]["critic_cpu_s_mean"] == 30 and summary["gae_g1"]["runs"] == 1
+    assert summary["gae_g1"]["tokens_ratio"] == pytest.approx(10.6)
+    text = (root / "equal_budget.md").read_text()
+    assert "| gae_g1 | 8 x 1 | 1 | 1 | 106 +- - | 10.60 |" in text and "NOT MET" in text
+    assert (root / "equal_budget.png").stat().st_size > 10_000
+    # resumable: finished after --steps is kept, anything else (stopped, fewer steps) is redone
+    assert equal_budget.finished(grpo, 20) and not equal_budget.finished(grpo, 30)
+    assert not equal_budget.finished(root / "ckpt0" / "gae_g1" / "seed1", 20)
+    with pytest.raises(SystemExit, match="does not divide"):
+        equal_budget.parse_cells("gae:3", 128)
+
+
+@pytest.mark.slow
+def test_equal_budget_grid_runs_g1_and_g2_and_a_rerun_skips_finished_runs(tmp_path):
+    """Two tiny cells (gae at G = 1, grpo at G = 2; 2 steps each) from an untrained version 0, then the same
+    command again: nothing is rerun."""
+    import json
+
+    command = [sys.executable, "bench/equal_budget.py", "--out", str(tmp_path / "grid"), "--smoke", "--lock", "",
+               "--cells", "gae:1,grpo:2", "--rollouts", "4", "--steps", "2", "--eval-every", "1", "--heldout", "16"]
+    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert first.stdout.count("-> rc 0") == 2
+    summary = json.loads((tmp_path / "grid" / "equal_budget.json").read_text())["summary"]
+    assert set(summary) == {"gae_g1", "grpo_g2"} and summary["gae_g1"]["critic_steps_mean"] > 0
+    assert summary["gae_g1"]["tokens_final_mean"] > 0 and summary["grpo_g2"]["groups_equal_reward_mean"] is not None
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "-> rc" not in again.stdout, again.stdout[-3000:]

@@ -383,6 +383,21 @@ def test_tether_perfect_critic_is_exactly_the_value_baseline():
     assert (advantages[:2] == 0).all()
 
 
+def test_tether_group_of_one_is_the_value_baseline():
+    # G = 1: the group mean of one is the rollout's own reward, so blending with it would only shrink
+    # A = R − V to w·(R − V) (and to 0 in group mode, whose returns never vary within a group of one).
+    # Rollout 0: R = 1, V = (0.25, 0.5) → w = 1, A = R − V = (0.75, 0.5) in both modes, whatever critic_ev says;
+    # rollout 1: R = 0, V = (0.5, 0.25) → A = (−0.5, −0.25).
+    mask = torch.tensor([[1, 1], [1, 1]], dtype=torch.bool)
+    values = torch.tensor([[0.25, 0.5], [0.5, 0.25]], dtype=torch.float64)
+    rewards = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    want = torch.tensor([[0.75, 0.5], [-0.5, -0.25]], dtype=torch.float64)
+    for mode, ev in (("group", None), ("group", 0.2), ("running", 0.0), ("running", NAN)):
+        advantages, weight = tether_advantages(rewards, values, [0, 1], mask, mode=mode, critic_ev=ev)
+        assert weight.tolist() == [1.0, 1.0]
+        torch.testing.assert_close(advantages, want)
+
+
 def test_tether_rejects_unknown_mode_and_running_without_ev():
     with pytest.raises(ValueError, match="group, running"):
         tether_advantages(T_REWARDS, T_VALUES, T_GROUPS, T_MASK, mode="ev")
@@ -409,7 +424,9 @@ def tether_reference(rewards, values, group_ids, policy_mask, mode, critic_ev, g
         mean = sum(g for g, _ in pairs) / max(len(pairs), 1)
         ss_total = sum((g - mean) ** 2 for g, _ in pairs)
         ss_residual = sum((g - v) ** 2 for g, v in pairs)
-        if mode == "running" or not pairs or ss_total / len(pairs) <= min_group_var:
+        if len(members[groups[i]]) == 1:  # a group of one: the value baseline
+            weights.append(1.0)
+        elif mode == "running" or not pairs or ss_total / len(pairs) <= min_group_var:
             weights.append(trust)
         else:
             weights.append(min(max(1.0 - ss_residual / ss_total, 0.0), 1.0))
@@ -431,6 +448,7 @@ def test_tether_matches_slow_reference_on_random_batches(seed):
     batch["rewards"] = (batch["rewards"] > 0).double()  # {0, 1} rewards: some groups with no variance
     g = torch.Generator().manual_seed(100 + seed)
     group_ids = torch.randint(0, 4, (12,), generator=g)
+    group_ids[11] = 9  # a group of one in every batch
     # values = the λ = 1 returns + noise of a random size per rollout: R² anywhere from below 0 to 1
     _, returns = reference_gae(batch["rewards"], batch["values"], batch["policy_mask"], batch["gamma"], 1.0,
                                batch["bootstrap"], batch["cut"])

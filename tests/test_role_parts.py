@@ -4,6 +4,7 @@ metrics tailing, device assignment."""
 from __future__ import annotations
 
 import json
+from collections import deque
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from prime_values.config import Config
 from prime_values.launch import descendants, resolve_devices
 from prime_values.monitor import MetricsTail
 from prime_values.roles.critic_io import CriticInputs
-from prime_values.roles.orchestrator import GroupJoin, batch_metrics, batch_rows, score_group
+from prime_values.roles.orchestrator import GroupJoin, batch_metrics, batch_rows, score_group, score_groups
 from prime_values.roles.policy_trainer import policy_lr
 
 
@@ -236,6 +237,61 @@ def test_tether_is_grpo_for_a_useless_critic_and_zero_for_a_perfect_one():
     perfect = [values_row("a", [0, 0, 1, 1, 1]), values_row("b", [0, 0, 0, 0, 0])]
     scored = score_group(rollouts, perfect, cfg)  # w = 1: A = R - V = 0 everywhere
     assert torch.equal(scored["advantages"], torch.zeros(2, 5)) and scored["tether_weight"].tolist() == [1, 1]
+
+
+def _tether_groups():
+    """Three complete groups as the orchestrator's join hands them over (policy tokens: the last 3 of 5)."""
+    informative = ([rollout("a", "g1", 1.0), rollout("b", "g1", 0.0)],
+                   [values_row("a", [9, 9, .75, .75, .75]), values_row("b", [9, 9, .25, .25, .25])])
+    all_right = ([rollout("c", "g2", 1.0), rollout("d", "g2", 1.0)],
+                 [values_row("c", [9, 9, .5, .5, .5]), values_row("d", [9, 9, .5, .5, .5])])
+    alone = ([rollout("e", "g3", 0.0)], [values_row("e", [9, 9, .25, .25, .25])])
+    return [informative, all_right, alone]
+
+
+def test_tether_group_mode_reads_the_running_ev_for_a_flat_group_and_the_critic_alone_for_a_group_of_one():
+    cfg = OmegaConf.structured(Config)
+    cfg.advantage.estimator, cfg.inference.prompts_per_step = "tether", 4
+    recent = deque(maxlen=4)
+    g1, g2, g3 = score_groups(_tether_groups(), cfg, recent)
+    # g1: returns (1,1,1 | 0,0,0), V = .75 / .25: R² = 1 − 6·0.0625 / (6·0.25) = 0.75 = w, b = 0.5,
+    #     Ṽ = .75·V + .125 = .6875 / .3125  →  A = ±0.3125
+    assert g1["scored"]["tether_weight"].tolist() == [0.75, 0.75]
+    assert torch.allclose(g1["scored"]["advantages"][:, 2:], torch.tensor([[.3125] * 3, [-.3125] * 3]))
+    # g2: both right, returns do not vary → w = the critic's EV on the groups scored before it (g1: residuals
+    #     ±0.25, Var 0.0625 of 0.25 → 0.75), b = 1, Ṽ = .75·.5 + .25 = .625 → A = +0.375 (the group mean gives 0)
+    assert g2["scored"]["tether_weight"].tolist() == [0.75, 0.75]
+    assert torch.allclose(g2["scored"]["advantages"][:, 2:], torch.full((2, 3), .375))
+    # g3: a group of one → w = 1, A = R − V = −0.25 (its group mean, its own reward, would give 0)
+    assert g3["scored"]["tether_weight"].tolist() == [1.0]
+    assert torch.allclose(g3["scored"]["advantages"][0, 2:], torch.full((3,), -.25))
+    assert [g["rollouts"][0]["group_id"] for g in recent] == ["g1", "g2", "g3"]
+    # under GRPO the fraction of groups (of two or more) whose rewards are all equal: g2 of g1, g2
+    metrics = batch_metrics(1, [g1, g2, g3])
+    assert metrics["groups_equal_reward"] == 0.5 and metrics["tether_weight_mean"] == pytest.approx(0.8)
+
+
+def test_tether_running_mode_starts_at_the_group_mean_before_any_group_was_scored():
+    cfg = OmegaConf.structured(Config)
+    cfg.advantage.estimator, cfg.advantage.tether_mode, cfg.inference.prompts_per_step = "tether", "running", 4
+    g1, g2, g3 = score_groups(_tether_groups(), cfg, deque(maxlen=4))
+    # g1 is the first group: no explained variance yet (nan → w = 0), A = R − mean R = ±0.5
+    assert g1["scored"]["tether_weight"].tolist() == [0.0, 0.0]
+    assert torch.allclose(g1["scored"]["advantages"][:, 2:], torch.tensor([[.5] * 3, [-.5] * 3]))
+    # g2: w = EV(g1) = 0.75 as in group mode; g3 (a group of one): w = 1 in this mode too
+    assert g2["scored"]["tether_weight"].tolist() == [0.75, 0.75] and g3["scored"]["tether_weight"].tolist() == [1.0]
+
+
+def test_group_size_one_completes_groups_and_gae_scores_them():
+    cfg = OmegaConf.structured(Config)
+    cfg.inference.group_size = 1
+    join = GroupJoin(group_size=1, needs_values=True)
+    join.add_rollouts([rollout("a", "g", 1.0), rollout("b", "h", 0.0)])
+    join.add_values([values_row("a", [9, 9, .5, .5, .5])])
+    [(rollouts, values)] = join.pop_complete()  # "b" still waits for its values
+    [group] = score_groups([(rollouts, values)], cfg, deque(maxlen=1))
+    assert torch.allclose(group["scored"]["advantages"][0, 2:], torch.full((3,), .5))  # R − V
+    assert "groups_equal_reward" not in batch_metrics(1, [group])  # no group of two or more
 
 
 def test_adaptive_lambda_reaches_the_advantages():

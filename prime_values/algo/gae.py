@@ -299,8 +299,10 @@ def tether_advantages(
                           R²_g = 1 − Σ_t (G_t − V(s_t))² / Σ_t (G_t − mean_g G)²,    w_g = clamp(R²_g, 0, 1)
                       R² is explained variance that also charges bias: a critic off by a constant c has EV 1
                       but would shift every advantage by −c. A group whose returns do not vary (population
-                      variance ≤ ``min_group_var``: all rewards equal, a group of one) says nothing about the
-                      critic and takes clamp(critic_ev, 0, 1) when given, else 0 (the group-mean advantage).
+                      variance ≤ ``min_group_var``: all rewards equal) says nothing about the critic and takes
+                      clamp(critic_ev, 0, 1) when given, else 0 (the group-mean advantage: 0 for such a group).
+      A group of one (either mode) has no group mean to blend with (its mean is its own reward, which would
+      leave w·(R − V)): w = 1, the value baseline, so G = 1 is plain ``gae`` with the critic.
     (Inverse-variance weighting of the two baselines, docs/design.md §3, gives a useless critic — MSE = Var(R) —
     the weight 1/(n + 1) rather than 0, so it does not reduce to the group mean; hence this rule.)
 
@@ -332,6 +334,9 @@ def tether_advantages(
     else:
         _, returns = gae(rewards, values, mask, gamma, 1.0, bootstrap, cut)
         weight = _group_r2(returns, values, mask, index, n_groups, min_group_var, trust)[index]
+    sizes = torch.zeros(n_groups, dtype=rewards.dtype, device=rewards.device).index_add_(
+        0, index, torch.ones_like(rewards))[index]
+    weight = torch.where(sizes == 1, torch.ones_like(weight), weight)  # a group of one: the value baseline
     blended = weight[:, None] * values + (1.0 - weight[:, None]) * baseline[:, None]
     if bootstrap is not None:
         bootstrap = weight * _per_rollout(bootstrap, batch, values, "bootstrap") + (1.0 - weight) * baseline

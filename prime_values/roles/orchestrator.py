@@ -11,6 +11,7 @@ step go into batch `n` of `log/batches`: a rollout from policy version v is admi
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import deque
 
@@ -70,7 +71,8 @@ def score_group(rollouts: list[dict], values: list[dict] | None, cfg, critic_ev:
                 ) -> dict[str, torch.Tensor]:
     """Per-token advantages [G, T] and value targets [G, T] of one complete group (docs/design.md §3).
 
-    `critic_ev`: the critic's recent explained variance, used by advantage=tether with tether_mode=running."""
+    `critic_ev`: the critic's recent explained variance, used by advantage=tether: the weight of every group with
+    tether_mode=running, of a group whose returns do not vary with tether_mode=group (None: weight 0 there)."""
     adv_cfg = cfg.advantage
     mask = padded(rollouts, "policy_mask", torch.bool)
     rewards = torch.tensor([r["reward"] for r in rollouts], dtype=torch.float32)
@@ -96,6 +98,22 @@ def score_group(rollouts: list[dict], values: list[dict] | None, cfg, critic_ev:
                                                          **ends)
         scored["tether_weight"] = weight
     return scored
+
+
+def score_groups(complete: list[tuple[list[dict], list[dict] | None]], cfg, recent: deque):
+    """Score complete groups in order, yielding {"rollouts", "values", "scored"} each; a group with values joins
+    `recent` (the critic's latest scored groups) after it is scored. advantage=tether gets the critic's explained
+    variance on `recent` as it was before the group: the weight of every group with tether_mode=running, and with
+    tether_mode=group the weight of a group whose returns do not vary (docs/value_functions.md, "Estimators")."""
+    tether = cfg.advantage.estimator == "tether"
+    for group_rollouts, group_values in complete:
+        # nothing scored yet: undefined (nan), which tether reads as weight 0 (the group mean)
+        critic_ev = (recent_explained_variance(recent) if recent else math.nan) if tether else None
+        group = {"rollouts": group_rollouts, "values": group_values,
+                 "scored": score_group(group_rollouts, group_values, cfg, critic_ev)}
+        if group_values is not None:
+            recent.append(group)
+        yield group
 
 
 def target_rows(rollouts, values, scored) -> list[dict]:
@@ -210,6 +228,9 @@ def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = Non
            "off_policy_max": max((step - 1) - v for v in versions),
            "advantage_mean": a.mean().item(), "advantage_std": a.std().item() if a.numel() > 1 else 0.0,
            "advantage_abs_mean": a.abs().mean().item(), "advantage_positive": (a > 0).float().mean().item()}
+    sized = [[r["reward"] for r in g["rollouts"]] for g in groups if len(g["rollouts"]) > 1]
+    if sized:  # groups whose rewards are all equal: a group-mean baseline gives them advantage 0
+        out["groups_equal_reward"] = sum(max(r) == min(r) for r in sized) / len(sized)
     if groups[0]["values"] is not None:
         values, targets = _cat(groups, "values"), _cat(groups, "targets")
         first = mask.float().argmax(dim=1)  # the first policy token of each rollout
@@ -322,7 +343,6 @@ def main(run_dir: str) -> None:
     gate = WarmupGate(cfg, ctx.run) if needs_values else None
     provenance = CriticProvenance(ctx.run.weights("critic")) if needs_values else None
     recent: deque[dict] = deque(maxlen=cfg.inference.prompts_per_step)  # the critic's latest scored groups
-    running_ev = cfg.advantage.estimator == "tether" and cfg.advantage.tether_mode == "running"
     workers = cfg.topology.inference_workers
     ready = ReadyGroups(workers, cfg.inference.prompts_per_step // workers)
     step = batches.next_seq + 1  # batch n is segment n - 1 of the batches stream
@@ -337,12 +357,8 @@ def main(run_dir: str) -> None:
         join.add_values(_tagged(new_values))
         complete = join.pop_complete()
         scored_rows = []
-        for group_rollouts, group_values in complete:
-            critic_ev = recent_explained_variance(recent) if recent and running_ev else None
-            scored = score_group(group_rollouts, group_values, cfg, critic_ev)
-            group = {"rollouts": group_rollouts, "values": group_values, "scored": scored}
-            if group_values is not None:
-                recent.append(group)
+        for group in score_groups(complete, cfg, recent):
+            group_rollouts, group_values, scored = group["rollouts"], group["values"], group["scored"]
             if gate is None or gate.admit(group, recent):
                 ready.add(group)
             else:

@@ -157,6 +157,10 @@ def main(run_dir: str) -> None:
         began = time.time()
         from_run = cfg.critic.warm_start.from_run
         rows = rollouts_of_run(ctx, from_run) if from_run else sample_for_critic(ctx, model, tokenizer, task)
+        # what the critic's warm start cost in generation (0 new tokens when it reuses an earlier run's log):
+        # these rollouts are never written to the rollout log (bench/equal_budget.py charges them to the run)
+        generated = 0 if from_run else sum(sum(r["policy_mask"]) for r in rows)
+        ctx.metrics.log(critic_pretrain_rollouts=len(rows), critic_pretrain_generated_tokens=generated)
         pretrain_critic(ctx, critic, tokenizer, rows)
         ctx.metrics.log(critic_pretrain_s=time.time() - began)
     publish(critic_root, 0, lambda path: save_model(critic, tokenizer, path))

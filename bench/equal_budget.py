@@ -1,0 +1,506 @@
+"""What the critic buys at equal budget: held-out accuracy per generated token, critic vs group baseline, with a
+fixed number of rollouts per policy step split as prompts x samples (issue 22; docs/value_functions.md, "Equal
+budget").
+
+    python bench/equal_budget.py --out sweeps/budget                       # the default grid, resumable
+    python bench/equal_budget.py --out sweeps/budget --seeds 0,1,2 --ckpt-seeds 0,1
+    python bench/equal_budget.py --out sweeps/budget --report-only          # the table and plot only
+
+One command runs the grid and writes the table. Per checkpoint seed C it first makes ONE warm start,
+`<out>/ckpt<C>/base` (a 1-step run of the experiment at seed C: SFT, then the privileged critic's pretraining on
+`critic.warm_start.rollouts` fresh samples of v0), and every run of that checkpoint starts from its policy version
+0 and (privileged cells) its critic version 0, copied into the run directory so the run's own warm-start job finds
+them and does nothing. A plain-critic cell copies only the policy: its warm-start job pretrains its own
+(unprivileged) critic. Each run is then one point of the cell's Hydra sweep directory,
+
+    python -m prime_values -m +experiment=arith <cell overrides> seed=S steps=... \
+        hydra.sweep.dir=<out>/ckpt<C>/<cell> hydra.sweep.subdir=seed<S>
+
+(a multirun of one point, so the sweep summary of `python -m prime_values.report` is refreshed as points end),
+started under the heavy lock (`--lock`, fcntl; released for 15 s between runs so that other work waiting for
+it interleaves). Rerunning the same command
+skips every run whose `report/summary.json` says finished after `--steps` policy steps and restarts every other
+one from scratch (its run directory is removed and re-seeded: its figures then come from one uninterrupted run).
+`--stop-after HH:MM` (UTC) starts no run after that time; the rest waits for the next invocation.
+
+Cells (`--cells`, `<kind>:<G>`, prompts per step = `--rollouts` / G): `grpo` (group mean), `gae` (privileged
+critic), `tether` (privileged critic blended with the group mean), `plain` (gae with critic.privileged=false).
+
+Generated tokens are counted from the rollout log, not from the config: every rollout inference wrote (the
+warm-up ones the orchestrator dropped and stale ones included), policy tokens only (`policy_mask`), up to the
+policy version that was evaluated: the tokens behind the evaluation at step s are those of rollouts of policy
+versions < s. A critic cell also pays its critic's warm start, `critic_pretrain_generated_tokens` of the warm-start
+metrics (the base's for a privileged cell, its own for a plain one); those rollouts are never in the log.
+
+Writes `<out>/equal_budget.md` (the table, the goals), `equal_budget.json` (per run and per cell) and
+`equal_budget.png` (held-out accuracy vs generated tokens, mean and band of +-1 standard deviation over seeds;
+the critic's explained variance vs step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from prime_values.monitor import read_metrics  # noqa: E402
+
+KINDS = {
+    "grpo": ["advantage=grpo"],
+    "gae": ["advantage=gae", "critic.privileged=true"],
+    "tether": ["advantage=tether", "critic.privileged=true"],
+    "plain": ["advantage=gae", "critic.privileged=false"],
+}
+PAUSE_S = 15  # seconds between two runs with the heavy lock released
+DEFAULT_CELLS = "grpo:8,gae:8,gae:4,gae:2,gae:1,grpo:4,grpo:2,tether:4,plain:4"
+# the tests' SMALL overrides (tests/e2e_helpers.py): a smaller model, one-digit sums, a short warm start
+SMOKE = ["task.digits=1", "task.min_digits=1", "replay.min_rollouts=8", "critic.batch_rollouts=8",
+         "critic.publish_every=1", "policy.arch.hidden_size=64", "policy.arch.num_heads=2",
+         "policy.arch.num_kv_heads=1", "policy.arch.intermediate_size=128", "policy.warm_start.steps=10",
+         "critic.warm_start.steps=5", "critic.warm_start.rollouts=32", "launcher.poll_s=0.2"]
+
+
+def parse_cells(text: str, rollouts: int) -> list[tuple[str, str, int]]:
+    """'grpo:8,gae:1' -> [(name, kind, G)]; G must divide the rollouts per step."""
+    cells = []
+    for item in text.split(","):
+        kind, _, g = item.strip().partition(":")
+        if kind not in KINDS or not g.isdigit() or int(g) < 1:
+            raise SystemExit(f"--cells: {item!r} is not <kind>:<G> with kind one of {', '.join(KINDS)} and G >= 1")
+        if rollouts % int(g):
+            raise SystemExit(f"--cells: G={g} does not divide --rollouts={rollouts} (prompts x samples per step)")
+        cells.append((f"{kind}_g{g}", kind, int(g)))
+    return cells
+
+
+def cell_overrides(kind: str, g: int, rollouts: int) -> list[str]:
+    return [*KINDS[kind], f"inference.group_size={g}", f"inference.prompts_per_step={rollouts // g}"]
+
+
+def finished(run: Path, steps: int) -> bool:
+    """A run is done when its summary says finished after `steps` policy steps (anything else is restarted)."""
+    try:
+        summary = json.loads((run / "report" / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return summary.get("status") == "finished" and (summary.get("policy_steps") or 0) >= steps
+
+
+def base_done(base: Path) -> bool:
+    return all((base / "weights" / m / "0").is_dir() for m in ("policy", "critic")) and \
+        (base / "report" / "summary.json").exists()
+
+
+def seed_run(base: Path, run: Path, models: tuple[str, ...]) -> None:
+    """Version 0 of `models` copied from the base into a fresh run directory (its warm start skips them)."""
+    for model in models:
+        shutil.copytree(base / "weights" / model / "0", run / "weights" / model / "0")
+        (run / "weights" / model / "LATEST").write_text("0\n")
+
+
+class HeavyLock:
+    """fcntl lock on the shared heavy-work lock file, held for one child run at a time."""
+
+    def __init__(self, path: str | None):
+        self.path, self.file = path, None
+
+    def __enter__(self):
+        if self.path:
+            self.file = open(self.path, "a")
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.file:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
+
+
+class TooLate(Exception):
+    """--stop-after passed while a run waited for the heavy lock: it is not started."""
+
+
+def child(args_: list[str], log_path: Path, timeout_s: float, lock: str | None, stop_after: str | None = None) -> int:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with HeavyLock(lock):
+        if too_late(stop_after):  # the wait for the lock may have outlasted --stop-after
+            raise TooLate
+        out = open(log_path, "w")
+        began = time.time()
+        print(f"  [{time.strftime('%H:%M:%S')}] {' '.join(args_)}", flush=True)
+        try:
+            rc = subprocess.run([sys.executable, "-m", "prime_values", *args_], cwd=ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+        out.close()
+        print(f"    -> rc {rc} in {time.time() - began:.0f} s (output {log_path})", flush=True)
+    if lock:
+        time.sleep(PAUSE_S)  # outside the lock: work waiting for it gets it before the next run
+    return rc
+
+
+def too_late(stop_after: str | None) -> bool:
+    if not stop_after:
+        return False
+    now = datetime.now(timezone.utc)
+    hour, minute = map(int, stop_after.split(":"))
+    return (now.hour, now.minute) >= (hour, minute)
+
+
+def build_smoke_base(base: Path, overrides: list[str]) -> None:
+    """Smoke mode: untrained version 0 of both models, built here instead of a warm-start run."""
+    from omegaconf import OmegaConf
+
+    from prime_values.config import Config
+    from prime_values.models import build_char_tokenizer, build_critic, build_tiny_policy, save_model
+
+    arch = dict(OmegaConf.structured(Config).policy.arch)
+    arch.update({o.split("=")[0][len("policy.arch."):]: int(o.split("=")[1]) for o in overrides
+                 if o.startswith("policy.arch.")})
+    tokenizer = build_char_tokenizer()
+    save_model(build_tiny_policy(tokenizer, seed=0, **arch), tokenizer, base / "weights" / "policy" / "0")
+    save_model(build_critic(base / "weights" / "policy" / "0", tokenizer, seed=1, **arch), tokenizer,
+               base / "weights" / "critic" / "0")
+    (base / "report").mkdir(parents=True, exist_ok=True)
+    (base / "report" / "summary.json").write_text(json.dumps({"status": "smoke: untrained version 0"}))
+
+
+def run_grid(args, cells, common: list[str]) -> int:
+    out = Path(args.out)
+    failures = 0
+    for c in args.ckpt_seeds:
+        base = out / f"ckpt{c}" / "base"
+        if not base_done(base):
+            if too_late(args.stop_after):
+                print(f"stop-after {args.stop_after} UTC passed: base of checkpoint {c} not started")
+                return failures
+            shutil.rmtree(base, ignore_errors=True)
+            if args.smoke:
+                build_smoke_base(base, common)
+            else:
+                try:
+                    rc = child([*common, f"seed={c}", "steps=1", "eval_every=1", f"hydra.run.dir={base}"],
+                               out / "logs" / f"ckpt{c}_base.txt", args.timeout, args.lock, args.stop_after)
+                except TooLate:
+                    print(f"stop-after {args.stop_after} UTC passed while waiting for the lock: base not started")
+                    return failures
+                if rc != 0 or not base_done(base):
+                    print(f"warm start of checkpoint {c} failed: see {out / 'logs'}")
+                    failures += 1
+                    continue
+        for s in args.seeds:  # every cell at seed 0 first: a stopped grid still compares all cells
+            for name, kind, g in cells:
+                sweep = out / f"ckpt{c}" / name
+                run = sweep / f"seed{s}"
+                if finished(run, args.steps):
+                    continue
+                if too_late(args.stop_after):
+                    print(f"stop-after {args.stop_after} UTC passed: no new run started")
+                    return failures
+                shutil.rmtree(run, ignore_errors=True)
+                seed_run(base, run, ("policy",) if kind == "plain" else ("policy", "critic"))
+                try:
+                    rc = child(["-m", *common, *cell_overrides(kind, g, args.rollouts), f"seed={s}",
+                                f"steps={args.steps}", f"eval_every={args.eval_every}", f"hydra.sweep.dir={sweep}",
+                                f"hydra.sweep.subdir=seed{s}"],
+                               out / "logs" / f"ckpt{c}_{name}_seed{s}.txt", args.timeout, args.lock, args.stop_after)
+                except TooLate:
+                    print(f"stop-after {args.stop_after} UTC passed while waiting for the lock: no new run started")
+                    return failures
+                if rc != 0 or not finished(run, args.steps):
+                    print(f"    run {run} did not finish (rc {rc}); the next invocation restarts it")
+                    failures += 1
+    return failures
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading the runs
+
+
+def generated_tokens(run: Path) -> tuple[dict[int, int], int]:
+    """Policy tokens of every rollout in the run's rollout log, per policy version, and the rollout count."""
+    from prime_values.log import CorruptSegment, read_segment
+
+    per_version: dict[int, int] = defaultdict(int)
+    count = 0
+    stream = run / "log" / "rollouts"
+    for path in sorted(stream.glob("*/*.arrow")) if stream.is_dir() else []:
+        try:
+            table = read_segment(path, "rollouts")
+        except (CorruptSegment, FileNotFoundError):
+            continue
+        for version, mask in zip(table.column("policy_version").to_pylist(), table.column("policy_mask").to_pylist()):
+            per_version[version] += sum(mask)
+            count += 1
+    return dict(per_version), count
+
+
+def warm_tokens(run_dir: Path) -> dict:
+    """The critic warm start's generation: its rollouts, tokens and seconds (from warm-start metrics)."""
+    out = {"critic_pretrain_rollouts": 0, "critic_pretrain_generated_tokens": 0, "critic_pretrain_s": 0.0}
+    for m in read_metrics(run_dir / "metrics" / "warm_start.jsonl"):
+        for key in out:
+            if key in m:
+                out[key] = m[key]
+    return out
+
+
+def last(records: list[dict], key: str):
+    return next((m[key] for m in reversed(records) if m.get(key) is not None), None)
+
+
+def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
+    from omegaconf import OmegaConf
+
+    if not (run / "config.yaml").exists():
+        return None
+    cfg = OmegaConf.load(run / "config.yaml")
+    policy = read_metrics(run / "metrics" / "policy_trainer.jsonl")
+    evals = [(m["step"], m["heldout_accuracy"]) for m in policy if "heldout_accuracy" in m]
+    trained = [m for m in policy if "loss" in m]
+    if not evals or not trained:
+        return None
+    kind = "grpo" if cfg.advantage.estimator == "grpo" else \
+        "plain" if not cfg.critic.privileged else cfg.advantage.estimator
+    # the critic's warm start: the base's (shared by every privileged run of the checkpoint) or the run's own
+    warm = {"critic_pretrain_rollouts": 0, "critic_pretrain_generated_tokens": 0, "critic_pretrain_s": 0.0} \
+        if kind == "grpo" else warm_tokens(run if kind == "plain" else base)
+    per_version, rollouts = generated_tokens(run)
+    cumulative, tokens_before = 0, {}
+    for version in range(0, max([*per_version, cfg.steps]) + 2):
+        tokens_before[version] = cumulative + warm["critic_pretrain_generated_tokens"]
+        cumulative += per_version.get(version, 0)
+    orch = read_metrics(run / "metrics" / "orchestrator.jsonl")
+    batches = [m for m in orch if "step" in m]
+    times = [m["time"] for f in (run / "metrics").glob("*.jsonl") for m in read_metrics(f) if "time" in m]
+    critic_cpu = sum(last(read_metrics(run / "metrics" / f"{role}.jsonl"), "cpu_s") or 0.0
+                     for role in ("value_trainer", "evaluator")) if kind != "grpo" else 0.0
+    summary = json.loads((run / "report" / "summary.json").read_text()) if (run / "report" / "summary.json").exists() \
+        else {}
+    equal = [m["groups_equal_reward"] for m in batches if m.get("groups_equal_reward") is not None]
+    return {
+        "run": str(run), "cell": f"{kind}_g{cfg.inference.group_size}", "kind": kind,
+        "group_size": cfg.inference.group_size, "prompts_per_step": cfg.inference.prompts_per_step,
+        "ckpt": ckpt, "seed": cfg.seed, "steps": trained[-1]["step"], "status": summary.get("status"),
+        "curve": [(s, a, tokens_before[s]) for s, a in evals],  # (step, held-out accuracy, tokens behind it)
+        "start_accuracy": evals[0][1], "final_accuracy": evals[-1][1],
+        "tokens_final": tokens_before[trained[-1]["step"]],
+        "log_tokens": cumulative, "log_rollouts": rollouts, **warm,
+        "dropped_stale": last(batches, "dropped_stale") or 0, "dropped_warmup": last(batches, "dropped_warmup") or 0,
+        "wall_s": trained[-1]["time"] - min(times) if times else None,
+        "critic_steps": summary.get("critic_steps", 0) if kind != "grpo" else 0,
+        "critic_cpu_s": critic_cpu, "policy_cpu_s": last(policy, "cpu_s"),
+        "final_explained_variance": summary.get("final_explained_variance") if kind != "grpo" else None,
+        "groups_equal_reward": statistics.fmean(equal) if equal else None,
+    }
+
+
+def tokens_to(curve: list, target: float) -> float | None:
+    """Generated tokens at the first evaluation at or above `target` (None: never)."""
+    return next((t for _, a, t in curve if a >= target - 1e-9), None)
+
+
+def _mean_se(xs: list[float]) -> tuple[float | None, float | None]:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), (statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else None)
+
+
+def summarize(runs: list[dict], reference: str = "grpo_g8") -> dict:
+    """Per cell over its runs: the GRPO-G8 target (per checkpoint, the mean final accuracy of its grpo_g8 runs),
+    tokens to reach it, final accuracy, wall, critic EV and compute, and the all-equal group fraction."""
+    targets = {}
+    for c in {r["ckpt"] for r in runs}:
+        finals = [r["final_accuracy"] for r in runs if r["ckpt"] == c and r["cell"] == reference]
+        if finals:
+            targets[c] = statistics.fmean(finals)
+    for r in runs:
+        r["target"] = targets.get(r["ckpt"])
+        # not reached: counted as the run's whole budget (a lower bound on its cost), flagged
+        hit = tokens_to(r["curve"], r["target"]) if r["target"] is not None else None
+        r["reached"] = hit is not None
+        r["tokens_to_target"] = hit if hit is not None else (r["tokens_final"] if r["target"] is not None else None)
+    cells: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        cells[r["cell"]].append(r)
+    order = {k: i for i, k in enumerate(KINDS)}
+    out = {}
+    for name, rs in sorted(cells.items(), key=lambda kv: (order[kv[1][0]["kind"]], -kv[1][0]["group_size"])):
+        tok, tok_se = _mean_se([r["tokens_to_target"] for r in rs])
+        acc, acc_se = _mean_se([r["final_accuracy"] for r in rs])
+        out[name] = {
+            "runs": len(rs), "reached": sum(r["reached"] for r in rs), "kind": rs[0]["kind"],
+            "group_size": rs[0]["group_size"], "prompts_per_step": rs[0]["prompts_per_step"],
+            "tokens_to_target_mean": tok, "tokens_to_target_se": tok_se,
+            "tokens_to_target": [r["tokens_to_target"] for r in rs],
+            "start_accuracy_mean": _mean_se([r["start_accuracy"] for r in rs])[0],
+            "final_accuracy_mean": acc, "final_accuracy_se": acc_se,
+            "tokens_final_mean": _mean_se([r["tokens_final"] for r in rs])[0],
+            "wall_s_mean": _mean_se([r["wall_s"] for r in rs])[0],
+            "final_explained_variance_mean": _mean_se([r["final_explained_variance"] for r in rs])[0],
+            "critic_steps_mean": _mean_se([r["critic_steps"] for r in rs])[0],
+            "critic_cpu_s_mean": _mean_se([r["critic_cpu_s"] for r in rs])[0],
+            "critic_pretrain_tokens": rs[0]["critic_pretrain_generated_tokens"],
+            "dropped_mean": _mean_se([r["dropped_stale"] + r["dropped_warmup"] for r in rs])[0],
+            "groups_equal_reward_mean": _mean_se([r["groups_equal_reward"] for r in rs])[0],
+        }
+    ref = out.get(reference, {}).get("tokens_to_target_mean")
+    for s in out.values():
+        s["tokens_ratio"] = s["tokens_to_target_mean"] / ref if ref and s["tokens_to_target_mean"] is not None \
+            else None
+    return out
+
+
+def goals(summary: dict, reference: str = "grpo_g8") -> list[str]:
+    ref = summary.get(reference)
+    gae = {k: s for k, s in summary.items() if s["kind"] == "gae" and s["tokens_to_target_mean"] is not None}
+    if not ref or not gae or ref["tokens_to_target_mean"] is None:
+        return [f"goal: needs {reference} and a gae cell with finished runs"]
+    name, best = min(gae.items(), key=lambda kv: kv[1]["tokens_to_target_mean"])
+    half = 0.5 * ref["tokens_to_target_mean"]
+    ses = [x for x in (best["tokens_to_target_se"], ref["tokens_to_target_se"]) if x is not None]
+    # the difference to 0.5x GRPO-G8 must exceed two standard errors of the difference (seeds independent)
+    noise = 2 * math.hypot(best["tokens_to_target_se"] or 0.0, 0.5 * (ref["tokens_to_target_se"] or 0.0))
+    met = best["tokens_to_target_mean"] + noise <= half and len(ses) == 2
+    return [f"best gae cell {name}: {best['tokens_to_target_mean']:.0f} tokens to {reference}'s final accuracy "
+            f"against {ref['tokens_to_target_mean']:.0f} for {reference} (ratio {best['tokens_ratio']:.2f}; goal <= "
+            f"0.5 beyond two standard errors, +-{noise:.0f} tokens{'' if len(ses) == 2 else ', needs >= 2 seeds'}): "
+            f"{'MET' if met else 'NOT MET'}"]
+
+
+def table(summary: dict) -> str:
+    def f(x, spec):
+        return "-" if x is None else format(x, spec)
+
+    rows = ["| cell | prompts x G | runs | reached | tokens to target (mean +- s.e.) | / grpo_g8 | start acc | "
+            "final acc (+- s.e.) | tokens at the end | wall s | critic EV | critic steps | critic CPU s | "
+            "critic warm-start tokens | dropped rollouts | all-equal groups |", "|" + "---|" * 16]
+    for name, s in summary.items():
+        rows.append(
+            f"| {name} | {s['prompts_per_step']} x {s['group_size']} | {s['runs']} | {s['reached']} | "
+            f"{f(s['tokens_to_target_mean'], '.0f')} +- {f(s['tokens_to_target_se'], '.0f')} | "
+            f"{f(s['tokens_ratio'], '.2f')} | {f(s['start_accuracy_mean'], '.3f')} | "
+            f"{f(s['final_accuracy_mean'], '.3f')} +- {f(s['final_accuracy_se'], '.3f')} | "
+            f"{f(s['tokens_final_mean'], '.0f')} | {f(s['wall_s_mean'], '.0f')} | "
+            f"{f(s['final_explained_variance_mean'], '.2f')} | {f(s['critic_steps_mean'], '.0f')} | "
+            f"{f(s['critic_cpu_s_mean'], '.0f')} | {s['critic_pretrain_tokens']} | {f(s['dropped_mean'], '.0f')} | "
+            f"{f(s['groups_equal_reward_mean'], '.2f')} |")
+    return "\n".join(rows)
+
+
+def plot(runs: list[dict], summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (acc_ax, ev_ax) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for i, name in enumerate(summary):
+        rs = [r for r in runs if r["cell"] == name]
+        steps = sorted(set.intersection(*[{s for s, _, _ in r["curve"]} for r in rs]))
+        at = [{s: (a, t) for s, a, t in r["curve"]} for r in rs]
+        tokens = [statistics.fmean(x[s][1] for x in at) for s in steps]
+        mean = [statistics.fmean(x[s][0] for x in at) for s in steps]
+        sd = [statistics.stdev(x[s][0] for x in at) if len(at) > 1 else 0.0 for s in steps]
+        color = f"C{i}"
+        acc_ax.plot(tokens, mean, color=color, marker="o", ms=2.5, label=f"{name} ({len(rs)} runs)")
+        acc_ax.fill_between(tokens, [m - d for m, d in zip(mean, sd)], [m + d for m, d in zip(mean, sd)],
+                            color=color, alpha=0.15, lw=0)
+        for r in rs:
+            orch = [m for m in read_metrics(Path(r["run"]) / "metrics" / "orchestrator.jsonl")
+                    if isinstance(m.get("critic_explained_variance"), float)
+                    and math.isfinite(m["critic_explained_variance"])]
+            if orch:
+                ev_ax.plot([m["step"] for m in orch], [m["critic_explained_variance"] for m in orch], color=color,
+                           lw=0.6, alpha=0.7, label=name if r is rs[0] else None)
+    targets = {r["target"] for r in runs if r.get("target") is not None}
+    for t in targets:
+        acc_ax.axhline(t, color="grey", ls=":", lw=0.8)
+    acc_ax.set(title="held-out accuracy vs generated tokens (mean, band +-1 s.d. over seeds)",
+               xlabel="generated policy tokens (rollout log + critic warm start)", ylabel="held-out accuracy")
+    ev_ax.set(title="critic explained variance on fresh rollouts", xlabel="policy step", ylim=(-0.5, 1))
+    for ax in (acc_ax, ev_ax):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(out: Path, command: str) -> dict:
+    runs = []
+    for base in sorted(out.glob("ckpt*/base")):
+        ckpt = int(base.parent.name[len("ckpt"):])
+        for run in sorted(base.parent.glob("*/seed*")):
+            r = read_run(run, base, ckpt)
+            if r is not None and r["status"] == "finished":
+                runs.append(r)
+    summary = summarize(runs)
+    lines = ["# Equal budget: held-out accuracy per generated token", "", f"`{command}`", "",
+             f"{len(runs)} finished runs under `{out}`. Target: the mean final held-out accuracy of the grpo_g8 runs "
+             "of the same checkpoint; tokens to target = generated policy tokens (rollout log, every rollout, plus "
+             "the critic's warm start) behind the first evaluation at or above it (a run that never reaches it "
+             "counts its whole budget). Critic EV: pooled over each run's last 10 batches. All-equal groups: the "
+             "fraction of groups (G >= 2) whose rewards are all equal, mean over the run's batches.", "",
+             table(summary), "", *[f"- {g}" for g in goals(summary)]]
+    if runs:
+        plot(runs, summary, out / "equal_budget.png")
+        lines += ["", "![accuracy vs tokens](equal_budget.png)"]
+    (out / "equal_budget.md").write_text("\n".join(lines) + "\n")
+    (out / "equal_budget.json").write_text(json.dumps({"command": command, "summary": summary, "runs": runs},
+                                                      indent=1) + "\n")
+    print("\n".join(lines))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="grid directory (rerun with the same one to continue)")
+    ap.add_argument("--experiment", default="arith", help="+experiment=<this> for every run (default arith)")
+    ap.add_argument("--cells", default=DEFAULT_CELLS, help=f"<kind>:<G>,... (default {DEFAULT_CELLS})")
+    ap.add_argument("--rollouts", type=int, default=128, help="rollouts per policy step, prompts x G (default 128)")
+    ap.add_argument("--steps", type=int, default=200, help="policy steps per run (default 200)")
+    ap.add_argument("--eval-every", type=int, default=10, help="policy steps between held-out evaluations")
+    ap.add_argument("--heldout", type=int, default=500, help="task.heldout_size (default 500)")
+    ap.add_argument("--seeds", default="0", help="RL seeds, comma-separated (default 0)")
+    ap.add_argument("--ckpt-seeds", default="0", help="checkpoint (warm-start) seeds (default 0)")
+    ap.add_argument("--lock", default="/tmp/pv-heavy.lock", help="heavy-work lock file held per run ('' = none)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
+    ap.add_argument("--stop-after", default=None, help="HH:MM UTC: start no run after it")
+    ap.add_argument("--report-only", action="store_true", help="write the table and plot from what is there")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, untrained version 0 (tests)")
+    ap.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
+    args = ap.parse_args(argv)
+    args.seeds = [int(x) for x in args.seeds.split(",")]
+    args.ckpt_seeds = [int(x) for x in args.ckpt_seeds.split(",")]
+    args.lock = args.lock or None
+    cells = parse_cells(args.cells, args.rollouts)
+    common = [f"+experiment={args.experiment}", f"task.heldout_size={args.heldout}", *(SMOKE if args.smoke else []),
+              *args.overrides]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python bench/equal_budget.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    failures = 0 if args.report_only else run_grid(args, cells, common)
+    report(out, command)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
