@@ -6,9 +6,15 @@ prompt_id, reward, parsable, ...). This compares two of them on the same problem
 - the paired difference of accuracy with a 95% interval (normal approximation on the per-problem differences,
   which are -1, 0 or +1; plus an exact McNemar sign test on the discordant pairs);
 - how much of it is format and how much correctness: with p = the share of replies holding a parsable final
-  answer and c = accuracy among those, ``p1 c1 - p0 c0 = (p1 - p0) c0 + p1 (c1 - c0)``: the first term is
-  what the new parsable replies would have earned at the old conditional accuracy (format), the second the gain
-  in correctness among parsable replies.
+  answer and c = accuracy among those, ``p1 c1 - p0 c0 = (p1 - p0) (c0 + c1) / 2 + (c1 - c0) (p0 + p1) / 2``:
+  the first term is the gain from more parsable replies (format), the second the gain in correctness among
+  parsable replies, each at the mean of the other factor (the symmetric split: the one-sided
+  ``(p1 - p0) c0 + p1 (c1 - c0)`` would call all of a format-only warm start's gain "correctness" where c0 = 0).
+
+With a supervised warm start that evaluated the model as loaded (``policy.warm_start.heldout_before=true``:
+``<run>/metrics/heldout/before_sft.jsonl``), it also reports SFT's gain (before SFT -> step 0, the SFT'd weights)
+and the whole run's (before SFT -> the last evaluation), each paired on the same problems; the top-level figures
+stay RL's own (step 0 -> the last evaluation).
 
     python bench/paired_heldout.py <run_dir> [--before 0] [--after <last>] [--json out.json]
 """
@@ -57,12 +63,23 @@ def paired(before: dict[str, dict], after: dict[str, dict]) -> dict:
         c0 = sum(x for x, p in zip(b, pb) if p) / max(1, sum(pb))
         c1 = sum(x for x, p in zip(a, pa) if p) / max(1, sum(pa))
         out.update(parsable_before=p0, parsable_after=p1, correct_given_parsable_before=c0,
-                   correct_given_parsable_after=c1, gain_format=(p1 - p0) * c0, gain_correctness=p1 * (c1 - c0))
+                   correct_given_parsable_after=c1, gain_format=(p1 - p0) * (c0 + c1) / 2,
+                   gain_correctness=(c1 - c0) * (p0 + p1) / 2)
     tokens = [after[i].get("response_tokens") for i in ids]
     if all(t is not None for t in tokens):
         out["after_mean_response_tokens"] = sum(tokens) / n
         out["after_cut_at_length"] = sum(after[i].get("stop_reason") == "length" for i in ids) / n
     return out
+
+
+def describe(label: str, out: dict) -> None:
+    lo, hi = out["ci95"]
+    print(f"{label}, {out['problems']} problems: {out['before']:.3f} -> {out['after']:.3f}  gain {out['gain']:+.3f} "
+          f"(95% CI {lo:+.3f} .. {hi:+.3f}; {out['wins']} won, {out['losses']} lost, McNemar p={out['mcnemar_p']:.2g})")
+    if "parsable_before" in out:
+        print(f"  parsable final answer {out['parsable_before']:.3f} -> {out['parsable_after']:.3f}; correct among "
+              f"parsable {out['correct_given_parsable_before']:.3f} -> {out['correct_given_parsable_after']:.3f}; "
+              f"gain = format {out['gain_format']:+.3f} + correctness {out['gain_correctness']:+.3f}")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -84,14 +101,13 @@ def main(argv: list[str] | None = None) -> dict:
         if s not in steps:
             raise SystemExit(f"no held-out evaluation at step {s}; there are: {sorted(steps)}")
     out = {"before_step": before, "after_step": after, **paired(load(steps[before]), load(steps[after]))}
-    lo, hi = out["ci95"]
-    print(f"held-out, {out['problems']} problems, step {before} -> {after}: {out['before']:.3f} -> {out['after']:.3f}"
-          f"  gain {out['gain']:+.3f} (95% CI {lo:+.3f} .. {hi:+.3f}; {out['wins']} won, {out['losses']} lost, "
-          f"McNemar p={out['mcnemar_p']:.2g})")
-    if "parsable_before" in out:
-        print(f"  parsable final answer {out['parsable_before']:.3f} -> {out['parsable_after']:.3f}; correct among "
-              f"parsable {out['correct_given_parsable_before']:.3f} -> {out['correct_given_parsable_after']:.3f}; "
-              f"gain = format {out['gain_format']:+.3f} + correctness {out['gain_correctness']:+.3f}")
+    describe(f"RL: held-out, step {before} -> {after}", out)
+    base = root / "before_sft.jsonl"
+    if base.exists():
+        out["sft"] = paired(load(base), load(steps[before]))
+        out["total"] = paired(load(base), load(steps[after]))
+        describe(f"SFT: held-out, before SFT -> step {before}", out["sft"])
+        describe(f"SFT + RL: held-out, before SFT -> step {after}", out["total"])
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     return out

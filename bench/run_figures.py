@@ -73,11 +73,23 @@ def figures(run: Path) -> dict:
     if versions:
         out["policy_version_mb"] = dir_mb(versions[-1])
     out["peak_rss_mb"] = {k: max((r.get("peak_rss_mb") or 0) for r in v) or None for k, v in m.items()}
-    paired_files = sorted((run / "metrics" / "heldout").glob("step_*.jsonl"))
-    if len(paired_files) >= 2:
-        import paired_heldout
+    warm = m.get("warm_start", [])
+    sft = [r for r in warm if "sft_step" in r]
+    out["warm_start"] = {
+        "heldout_before_sft_s": next((r["heldout_before_sft_s"] for r in warm if "heldout_before_sft_s" in r), None),
+        "sft_steps": sft[-1]["sft_step"] if sft else 0,
+        "sft_loss_last": sft[-1].get("loss") if sft else None,
+        "sft_s": next((r["sft_s"] for r in warm if "sft_s" in r), None),  # includes the before-SFT evaluation
+    }
+    import paired_heldout
 
+    heldout = run / "metrics" / "heldout"
+    paired_files = sorted(heldout.glob("step_*.jsonl"))
+    if len(paired_files) >= 2:  # RL: step 0 (after any SFT) -> the last evaluation
         out["paired"] = paired_heldout.paired(paired_heldout.load(paired_files[0]), paired_heldout.load(paired_files[-1]))
+    if paired_files and (heldout / "before_sft.jsonl").exists():  # SFT: the model as loaded -> step 0
+        out["paired_sft"] = paired_heldout.paired(paired_heldout.load(heldout / "before_sft.jsonl"),
+                                                  paired_heldout.load(paired_files[0]))
     return out
 
 

@@ -66,6 +66,15 @@ class WarmStartConfig:
     """problems per SFT step"""
     lr: float = 2e-3
     """SFT learning rate (AdamW)"""
+    warmup_steps: int = 10
+    """SFT steps of linear learning-rate warm-up (from lr / warmup_steps to lr; 0 = none)"""
+    heldout_before: bool = False
+    """also evaluate the held-out set with the model as loaded, before SFT (one greedy reply per problem,
+    `inference.max_new_tokens`; each problem's outcome in metrics/heldout/before_sft.jsonl), so
+    bench/paired_heldout.py reports SFT's gain and RL's gain apart on the same problems"""
+    heldout_after: bool = True
+    """evaluate the held-out set after SFT (the warm start's `heldout_accuracy`); the policy trainer's step-0
+    evaluation measures the same weights, so a run on a slow model may set false and save one evaluation"""
 
 
 @dataclass
@@ -764,6 +773,7 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
                     "critic.max_grad_norm", "policy.clip_low", "policy.clip_high", "policy.prob_diff_low",
                     "policy.prob_diff_high", "policy.kl_coef", "advantage.adaptive_alpha", "launcher.stop_grace_s",
                     "launcher.max_restarts", "launcher.restart_backoff_s", "log.optimizer_state_every",
+                    "policy.warm_start.warmup_steps",
                     "critic.throttle_factor", "critic.num_layers", "policy.lr_decay_steps"]
     for key in non_negative:
         if _get(cfg, key) < 0:

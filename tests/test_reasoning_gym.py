@@ -156,4 +156,17 @@ def test_paired_heldout_interval_and_format_split(tmp_path):
     assert (out["before"], out["after"], out["wins"], out["losses"]) == (0.25, 0.6, 70, 0)
     assert abs(out["gain"] - 0.35) < 1e-12 and out["ci95"][0] > 0.28 and out["mcnemar_p"] < 1e-9
     assert abs(out["gain_format"] + out["gain_correctness"] - out["gain"]) < 1e-12
-    assert abs(out["gain_format"] - 0.4 * 0.5) < 1e-12  # (p1 - p0) c0: parsable 0.5 -> 0.9, c0 = 0.5
+    # parsable 0.5 -> 0.9, correct among parsable 0.5 -> 2/3: format (p1 - p0) (c0 + c1) / 2
+    assert abs(out["gain_format"] - 0.4 * (0.5 + 2 / 3) / 2) < 1e-12
+    assert "sft" not in out  # no evaluation before SFT in this run
+
+    # with the model as loaded evaluated before SFT: SFT's gain (before SFT -> step 0) and the whole run's apart
+    base = [{"prompt_id": f"p{i}", "reward": float(i < 10), "parsable": i < 20} for i in range(n)]
+    (tmp_path / "metrics" / "heldout" / "before_sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in base))
+    out = paired_heldout.main([str(tmp_path)])
+    assert abs(out["gain"] - 0.35) < 1e-12  # the top level stays RL's own
+    assert (out["sft"]["before"], out["sft"]["after"], out["sft"]["wins"]) == (0.05, 0.25, 40)
+    assert (out["total"]["before"], out["total"]["after"], out["total"]["wins"]) == (0.05, 0.6, 110)
+    assert abs(out["sft"]["gain"] + out["gain"] - out["total"]["gain"]) < 1e-12
+    # before SFT: 20 parsable, 10 right (c0 = 0.5); at step 0: 100 parsable, 50 right (c1 = 0.5): all format
+    assert abs(out["sft"]["gain_format"] - 0.2) < 1e-12 and abs(out["sft"]["gain_correctness"]) < 1e-12

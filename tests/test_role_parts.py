@@ -507,3 +507,48 @@ def test_time_budget_ends_the_run_before_a_step_and_the_final_evaluation_would_o
     budget = TimeBudget(1.0, config, metrics)
     budget.previous = time.time() - 10  # the last step took ~10 s: 50 + 10 + 5 >= 60
     assert budget.spent()
+
+
+def test_warm_start_evaluates_the_heldout_set_before_and_after_sft_on_the_same_problems(tmp_path):
+    """policy.warm_start.heldout_before: the model as loaded is evaluated before any SFT step, problem by problem
+    (metrics/heldout/before_sft.jsonl), then SFT runs, then (heldout_after) the SFT'd weights on the same problems;
+    heldout_after=false leaves the second evaluation to the policy trainer's step 0."""
+    from omegaconf import OmegaConf
+
+    from e2e_helpers import SMALL, compose
+    from prime_values.models import build_char_tokenizer, build_tiny_policy
+    from prime_values.roles.common import RoleContext
+    from prime_values.roles.warm_start import supervised
+    from prime_values.tasks import make_task
+
+    def run(name, *extra):
+        root = tmp_path / name
+        root.mkdir()
+        cfg = compose([*SMALL, "policy.warm_start.steps=3", "policy.warm_start.target_accuracy=0",
+                       "policy.warm_start.batch_size=4", "policy.warm_start.warmup_steps=0",
+                       "policy.warm_start.heldout_before=true", *extra])
+        (root / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        ctx = RoleContext(root, "warm_start", "policy_trainer_device")
+        tok = build_char_tokenizer()
+        model, task = build_tiny_policy(tok, seed=0, **dict(cfg.policy.arch)), make_task(**cfg.task)
+        before = [p.detach().clone() for p in model.parameters()]
+        accuracy = supervised(ctx, model, tok, task)
+        assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))  # SFT ran after it
+        metrics = [json.loads(line) for line in (root / "metrics" / "warm_start.jsonl").read_text().splitlines()]
+        return root / "metrics" / "heldout", accuracy, metrics, task
+
+    heldout, accuracy, metrics, task = run("both")
+    ids = [p.prompt_id for p in task.heldout()]
+    rows = {name: [json.loads(line) for line in (heldout / f"{name}.jsonl").read_text().splitlines()]
+            for name in ("before_sft", "after_sft")}
+    for name, records in rows.items():
+        assert [r["prompt_id"] for r in records] == ids, name
+        assert all(r["reward"] in (0.0, 1.0) and r["stop_reason"] in ("eos", "length") for r in records)
+    assert accuracy == sum(r["reward"] for r in rows["after_sft"]) / len(ids)
+    logged = [m for m in metrics if "heldout_accuracy_before_sft" in m]
+    assert len(logged) == 1 and logged[0]["heldout_accuracy_before_sft"] == \
+        sum(r["reward"] for r in rows["before_sft"]) / len(ids)
+    assert metrics.index(logged[0]) < min(i for i, m in enumerate(metrics) if "sft_step" in m)  # before SFT
+
+    heldout, accuracy, _, _ = run("before_only", "policy.warm_start.heldout_after=false")
+    assert accuracy is None and (heldout / "before_sft.jsonl").exists() and not (heldout / "after_sft.jsonl").exists()

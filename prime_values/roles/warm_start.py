@@ -7,6 +7,7 @@ has policy and critic version 0 does nothing (the run resumes from what is publi
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -21,21 +22,41 @@ from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import critic_step, padded
 from prime_values.roles.evaluation import heldout_accuracy, sample_and_score, supervised_warm_start
 from prime_values.roles.inference import env_rows
-from prime_values.rundir import RunDir
+from prime_values.rundir import RunDir, write_atomic
 from prime_values.tasks import make_task
 from prime_values.tasks.pool import training_prompts
 from prime_values.weights import latest_version, publish, version_dir
 
 
+def evaluate_heldout(ctx: RoleContext, model, tokenizer, task, name: str) -> float:
+    """Greedy held-out accuracy of ``model`` (one reply per problem, ``inference.max_new_tokens``), each problem's
+    outcome written to ``metrics/heldout/<name>.jsonl`` as the policy trainer writes its ``step_<n>.jsonl``
+    (bench/paired_heldout.py pairs them)."""
+    records: list[dict] = []
+    accuracy = heldout_accuracy(model.eval(), tokenizer, task, task.heldout(), ctx.cfg.inference.max_new_tokens,
+                                per_problem=records)
+    path = ctx.run.root / "metrics" / "heldout" / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+    return accuracy
+
+
 def supervised(ctx: RoleContext, model, tokenizer, task) -> float | None:
     """SFT until greedy accuracy on a fixed validation sample of *training* problems reaches `target_accuracy`
     (checked every `check_every` steps) or `steps` run out; returns the held-out accuracy it ends at (None
-    without SFT steps: the policy trainer's step-0 evaluation measures the same weights, and a real model's
-    evaluation takes minutes on a CPU).
+    without SFT steps, or with `heldout_after=false`: the policy trainer's step-0 evaluation measures the same
+    weights, and a real model's evaluation takes minutes on a CPU).
 
-    The held-out set stays untouched until RL's first evaluation, so "accuracy at the first RL step" is not
-    a number SFT was stopped on."""
+    With `heldout_before`, the held-out set is evaluated once with the model as loaded, before any SFT step
+    (`metrics/heldout/before_sft.jsonl`, `heldout_accuracy_before_sft`): SFT's gain is then measured apart from
+    RL's on the same problems. Nothing is stopped or selected on a held-out number, so "accuracy at the first RL
+    step" is not a number SFT was stopped on."""
     ws, last_val = ctx.cfg.policy.warm_start, {}
+    if ws.heldout_before:
+        began = time.time()
+        before = evaluate_heldout(ctx, model, tokenizer, task, "before_sft")
+        ctx.metrics.log(heldout_accuracy_before_sft=before, heldout_before_sft_s=time.time() - began)
+        model.train()
 
     def on_log(step: int, metrics: dict) -> None:
         last_val.update({"sft_val_accuracy": metrics["val_acc"]} if "val_acc" in metrics else {})
@@ -47,11 +68,11 @@ def supervised(ctx: RoleContext, model, tokenizer, task) -> float | None:
         supervised_warm_start(model, tokenizer, task, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
                               seed=ctx.seed(), on_log=on_log, log_every=math.gcd(10, ws.check_every),
                               stop_at_accuracy=ws.target_accuracy if ws.target_accuracy > 0 else None,
-                              check_every=ws.check_every)
+                              check_every=ws.check_every, warmup_steps=ws.warmup_steps)
     model.eval()
-    if ws.steps == 0:
+    if ws.steps == 0 or not ws.heldout_after:
         return None
-    return heldout_accuracy(model, tokenizer, task, task.heldout(), ctx.cfg.inference.max_new_tokens)
+    return evaluate_heldout(ctx, model, tokenizer, task, "after_sft")
 
 
 def sample_for_critic(ctx: RoleContext, policy, tokenizer, task) -> list[dict]:
