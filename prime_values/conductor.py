@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from omegaconf import OmegaConf
 
 from prime_values.config import load_saved, validate
-from prime_values.launch import entry, kill_tree, make_executor, resolve_devices, role_gpus, role_procs
+from prime_values.launch import DEVICE_KEYS, entry, kill_tree, make_executor, resolve_devices, role_gpus, role_procs
 from prime_values.launch.zygote import ZygoteClient
 from prime_values.live import Progress  # the live view (prime_values/live.py)
+from prime_values.report import format_summary, summarise, write_report
+from prime_values.roles import evaluator_name
 from prime_values.rundir import RunDir, write_atomic
 from prime_values.sweep import after_point
 from prime_values.wandb_sink import start_forwarder
@@ -79,8 +81,6 @@ class Fleet:
         for worker in range(topo.inference_workers):
             self.submit(f"inference{worker}", "inference", topo.inference_device, worker)
         if with_critic and topo.evaluator == "dedicated":
-            from prime_values.roles.evaluator import evaluator_name
-
             for index in range(topo.evaluators):
                 self.submit(evaluator_name(index), "evaluator", topo.evaluator_device, index)
         self.submit("orchestrator", "orchestrator", "cpu")
@@ -186,21 +186,28 @@ def job_end(job) -> tuple[bool, str | None]:
     return True, exit_cause(job)
 
 
-def prepare(cfg) -> tuple[RunDir, object]:
+def prepare(cfg) -> tuple[RunDir, object, ZygoteClient | None]:
+    """Validate, create the run directory, resolve 'auto' devices and save the config. A local attached run's fork
+    server starts here, as early as it can (its imports take ~8 s on 2 cores)."""
     from hydra.core.hydra_config import HydraConfig
-
-    import torch
 
     validate(cfg)  # again here: multirun jobs come through here with their own values
     run = RunDir(HydraConfig.get().runtime.output_dir)
     run.mkdirs()
+    from prime_values.launch.slurm import in_allocation
+
+    attached_local = cfg.launcher.name == "local" and not cfg.launcher.detach and not in_allocation()
+    fork_server = ZygoteClient(run.root) if attached_local and cfg.launcher.fork_server else None
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    resolve_devices(cfg.topology, torch.cuda.device_count())
+    if any(cfg.topology[key] == "auto" for key in DEVICE_KEYS):  # an all-CPU run never imports torch here
+        import torch
+
+        resolve_devices(cfg.topology, torch.cuda.device_count())
     write_atomic(run.config, OmegaConf.to_yaml(cfg))
     if run.stop_requested():
         run.stop_file.unlink()  # a rerun in the same directory resumes
     run.register_conductor(watch=cfg.launcher.name == "local")
-    return run, cfg
+    return run, cfg, fork_server
 
 
 def _terminate_gracefully(signum, frame):
@@ -210,16 +217,20 @@ def _terminate_gracefully(signum, frame):
 def conduct(cfg) -> dict:
     """The rl stage: prepare the run directory, then run the roles here, or, with launcher.detach, submit a
     conductor job that runs them and return at once."""
-    run, cfg = prepare(cfg)
-    from prime_values.launch.slurm import in_allocation
+    fork_server = None
+    try:
+        run, cfg, fork_server = prepare(cfg)
+        from prime_values.launch.slurm import in_allocation
 
-    if cfg.launcher.name == "slurm" and not in_allocation():
+        if cfg.launcher.name == "slurm" and not in_allocation():
+            signal.signal(signal.SIGTERM, _terminate_gracefully)
+            return submit_pipeline(run, cfg)
+        if cfg.launcher.detach:
+            return detach(run, cfg)
         signal.signal(signal.SIGTERM, _terminate_gracefully)
-        return submit_pipeline(run, cfg)
-    if cfg.launcher.detach:
-        return detach(run, cfg)
-    signal.signal(signal.SIGTERM, _terminate_gracefully)
-    return run_roles(run, cfg)
+        return run_roles(run, cfg, fork_server)
+    finally:
+        stop_fork_server(fork_server)  # run_roles stops it once the roles have ended; this covers the other exits
 
 
 def _allocation_main(run_dir: str) -> dict:
@@ -260,7 +271,6 @@ def submit_pipeline(run: RunDir, cfg) -> dict:
     max_restarts per launcher.restart_window_s) and the next one resumes the run; Ctrl-C stops it cleanly."""
     from prime_values.launch.slurm import (cancel_all, describe_request, job_states, make_slurm_executor,
                                            pipeline_request, queued_line)
-    from prime_values.report import format_summary, summarise
 
     request, launcher = pipeline_request(cfg), cfg.launcher
     extra = {**dict(launcher.extra_sbatch), "requeue": True}  # SLURM itself requeues it after a node failure
@@ -376,9 +386,9 @@ def drive(run_dir: str) -> dict:
     return run_roles(run, cfg)
 
 
-def run_roles(run: RunDir, cfg) -> dict:
-    from prime_values.report import format_summary, summarise, write_report
-
+def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict:
+    """Run the roles of the rl stage from this process until the policy trainer ends; `fork_server`: one already
+    starting (prepare), else one is started here when launcher.fork_server asks for it."""
     fleet = Fleet(run, cfg)
     progress = Progress(run, cfg.steps)
     print(f"prime_values: run directory {run.root}", flush=True)
@@ -389,7 +399,7 @@ def run_roles(run: RunDir, cfg) -> dict:
         print(format_summary(summary), flush=True)
         return summary
     sink = start_forwarder(run, cfg)  # forwards metrics/*.jsonl to W&B; a no-op with wandb.mode=disabled
-    fork_server = start_fork_server(run, cfg)
+    fork_server = start_fork_server(run, cfg, fork_server)
     try:
         warm = fleet.submit("warm_start", "warm_start", cfg.topology.policy_trainer_device)
         while fleet.check() is not warm:
@@ -411,7 +421,8 @@ def run_roles(run: RunDir, cfg) -> dict:
     sink.close(summary, exit_code=1 if failure and reason != "stopped" else 0)
     print(format_summary(summary), flush=True)
     try:
-        print(f"report               {write_report(run, summary)} (plots next to it)", flush=True)
+        where = write_report(run, summary, plots=cfg.log.plots)
+        print(f"report               {where}{' (plots next to it)' if cfg.log.plots else ''}", flush=True)
     except Exception as error:  # a plotting problem must not turn a finished run into a failed one
         print(f"prime_values: could not write the plots ({type(error).__name__}: {error}); "
               f"retry with python -m prime_values.report {run.root}", file=sys.stderr, flush=True)
@@ -425,13 +436,14 @@ def run_roles(run: RunDir, cfg) -> dict:
     return summary
 
 
-def start_fork_server(run: RunDir, cfg):
-    """launcher.fork_server (local runs): the process the role jobs are forked from, ready before the first one."""
+def start_fork_server(run: RunDir, cfg, server: ZygoteClient | None = None):
+    """launcher.fork_server (local runs): the process the role jobs are forked from (`server` when it is already
+    starting), ready before the first one."""
     if cfg.launcher.name != "local" or not cfg.launcher.fork_server:
         return None
     from prime_values.launch import local
 
-    server = ZygoteClient(run.root)
+    server = server or ZygoteClient(run.root)
     if not server.ready(wait_s=120):  # its imports take what one role's would; then every role skips them
         print("prime_values: the fork server did not start; roles start as fresh processes", flush=True)
     local.FORK_SERVER = server
@@ -443,7 +455,8 @@ def stop_fork_server(server) -> None:
         return
     from prime_values.launch import local
 
-    local.FORK_SERVER = None
+    if local.FORK_SERVER is server:
+        local.FORK_SERVER = None
     server.close()
 
 

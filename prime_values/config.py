@@ -505,6 +505,10 @@ class LogConfig:
     optimizer_state_every: int = 1
     """the trainers save their optimizer state inside every Nth published version (`optimizer.pt`), so a restarted
     trainer resumes its Adam moments; a restart from a version without one starts a fresh optimizer (0 = never)"""
+    plots: bool = True
+    """draw the report's PNG plots (report/*.png) at the end of a run; false writes report/summary.json and
+    summary.md without them (~5 s less per run on 2 cores: many short runs, tests), and
+    `python -m prime_values.report <run>` draws them later"""
 
 
 @dataclass
@@ -1004,12 +1008,15 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
         cuda_count = int(os.environ["PRIME_VALUES_CUDA_COUNT"])  # compose for another machine (e.g. --cfg job)
     if cuda_count is None and not environment:
         cuda_count = 1 << 16  # composing for another machine (PRIME_VALUES_CUDA_COUNT unset): any device may exist
-    if cuda_count is None:
+    devices = [_get(cfg, f"topology.{role}_device") for role in ("inference", "evaluator", "policy_trainer",
+                                                                  "value_trainer")]
+    if cuda_count is None and any(d != "cpu" for d in devices):  # an all-CPU run never imports torch here (~2.5 s)
         import torch
 
         cuda_count = torch.cuda.device_count()
-    if cfg.launcher.name == "slurm":
-        cuda_count = 1 << 16  # every SLURM job gets its own GPUs (as many as its processes): any index is job-local
+    if cfg.launcher.name == "slurm" or cuda_count is None:
+        cuda_count = 1 << 16  # every SLURM job gets its own GPUs (as many as its processes): any index is job-local;
+        # or every device is the CPU, and no index is checked
     for role in ("inference", "evaluator", "policy_trainer", "value_trainer"):
         key = f"topology.{role}_device"
         _check_device(key, _get(cfg, key), cuda_count)

@@ -127,12 +127,13 @@ def _time_lines(fractions) -> list[str]:
     return [first, *format_time_fractions(fractions, indent="  ")]
 
 
-def write_report(run: RunDir | str | Path, summary: dict) -> Path:
-    """report/summary.md with the figures and the plots (prime_values.plots); returns its path."""
+def write_report(run: RunDir | str | Path, summary: dict, plots: bool = True) -> Path:
+    """report/summary.md with the figures and, with `plots` (log.plots), the plots (prime_values.plots); returns
+    its path."""
     run = run if isinstance(run, RunDir) else RunDir(run)
-    plots = plot_run(run)
-    text = "\n".join(["# Run report", "", "```", format_summary(summary), "```", ""] +
-                     [f"![{p.stem}]({p.name})" for p in plots]) + "\n"
+    images = [f"![{p.stem}]({p.name})" for p in plot_run(run)] if plots else \
+        [f"No plots (log.plots=false): `python -m prime_values.report {run.root}` draws them."]
+    text = "\n".join(["# Run report", "", "```", format_summary(summary), "```", ""] + images) + "\n"
     path = run.report / "summary.md"
     write_atomic(path, text)
     return path

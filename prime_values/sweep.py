@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from prime_values.monitor import read_metrics
+from prime_values.report import summarise
 from prime_values.rundir import write_atomic
 
 FIGURES = (("final_accuracy", "final acc"), ("first_rl_step_accuracy", "first acc"),
@@ -35,8 +36,6 @@ def _overrides(point: Path) -> str:
 
 
 def row(point: Path) -> dict:
-    from prime_values.report import summarise
-
     summary_file = point / "report" / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else \
         summarise(point, status="running or stopped")

@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL = ["+experiment=arith", "task.digits=1", "steps=8", "eval_every=4", "policy.warm_start.steps=10",
          "task.heldout_size=16", "inference.prompts_per_step=4", "inference.group_size=4", "replay.min_rollouts=16",
          "critic.batch_rollouts=16", "critic.publish_every=1", "launcher.poll_s=0.2", "launcher.stop_grace_s=20",
+         # no PNG plots (~5 s a run): test_pipeline_with_critic[cpu] draws and checks them
+         "log.plots=false",
          # a smaller model and a short critic pretraining (when a run makes its own version 0)
          "policy.arch.hidden_size=64", "policy.arch.num_heads=2", "policy.arch.num_kv_heads=1",
          "policy.arch.intermediate_size=128", "critic.warm_start.steps=5", "critic.warm_start.rollouts=64"]

@@ -31,10 +31,24 @@ def resolve_devices(topology, cuda_count: int) -> None:
             topology[key] = "cpu"
 
 
-def entry(role: str):
-    """The entry function of a role, imported from its module path (the conductor knows roles by name)."""
-    module, function = ENTRYPOINTS[role].split(":")
-    return getattr(importlib.import_module(module), function)
+class RoleEntry:
+    """The entry function of a role, by module path: what the conductor submits. Pickled by name and imported
+    inside the job, so the conductor itself never imports a role's module (nor the torch it imports: ~2.5 s)."""
+
+    def __init__(self, role: str):
+        self.role = role
+        self.__name__ = role  # submitit names the job's function after it
+
+    def __call__(self, *args):
+        module, function = ENTRYPOINTS[self.role].split(":")
+        return getattr(importlib.import_module(module), function)(*args)
+
+
+def entry(role: str) -> RoleEntry:
+    """The entry function of role `role` (the conductor knows roles by name, prime_values.roles.ENTRYPOINTS)."""
+    if role not in ENTRYPOINTS:
+        raise KeyError(f"no role {role!r}: one of {', '.join(ENTRYPOINTS)}")
+    return RoleEntry(role)
 
 
 def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int = 1, gpus: int | None = None):

@@ -13,14 +13,10 @@ import torch
 
 from prime_values.log import to_rows
 from prime_values.monitor import Timers
+from prime_values.roles import evaluator_name
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import CriticInputs
 from prime_values.weights import Adopter
-
-
-def evaluator_name(index: int) -> str:
-    """Role (job, metrics, cursor) name of evaluator `index`: 'evaluator', then 'evaluator1', 'evaluator2'..."""
-    return f"evaluator{index}" if index else "evaluator"
 
 
 def evaluator_shards(index: int, count: int):
