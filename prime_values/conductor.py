@@ -196,8 +196,7 @@ def prepare(cfg) -> tuple[RunDir, object, ZygoteClient | None]:
     run.mkdirs()
     from prime_values.launch.slurm import in_allocation
 
-    attached_local = cfg.launcher.name == "local" and not cfg.launcher.detach and not in_allocation()
-    fork_server = ZygoteClient(run.root) if attached_local and cfg.launcher.fork_server else None
+    fork_server = ZygoteClient(run.root) if wants_fork_server(cfg) else None
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     if any(cfg.topology[key] == "auto" for key in DEVICE_KEYS):  # an all-CPU run never imports torch here
         import torch
@@ -436,18 +435,35 @@ def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict
     return summary
 
 
-def start_fork_server(run: RunDir, cfg, server: ZygoteClient | None = None):
+def wants_fork_server(cfg) -> bool:
+    """Whether this process should start a fork server for its jobs: launcher.fork_server on a local attached run
+    (not inside a SLURM allocation), and none is running for it yet (the stages' one, `run_stages`)."""
+    from prime_values.launch import local
+    from prime_values.launch.slurm import in_allocation
+
+    return (cfg.launcher.name == "local" and cfg.launcher.fork_server and not cfg.launcher.detach
+            and not in_allocation() and local.FORK_SERVER is None)
+
+
+def start_fork_server(run: RunDir, cfg, server: ZygoteClient | None = None) -> ZygoteClient | None:
     """launcher.fork_server (local runs): the process the role jobs are forked from (`server` when it is already
-    starting), ready before the first one."""
-    if cfg.launcher.name != "local" or not cfg.launcher.fork_server:
-        return None
+    starting), ready before the first one. Returns the server this caller must stop (None: none, or the stages'
+    one, which they stop)."""
     from prime_values.launch import local
 
+    if server is None and not wants_fork_server(cfg):
+        if local.FORK_SERVER is not None:
+            wait_for_fork_server(local.FORK_SERVER)
+        return None
     server = server or ZygoteClient(run.root)
-    if not server.ready(wait_s=120):  # its imports take what one role's would; then every role skips them
-        print("prime_values: the fork server did not start; roles start as fresh processes", flush=True)
+    wait_for_fork_server(server)
     local.FORK_SERVER = server
     return server
+
+
+def wait_for_fork_server(server: ZygoteClient) -> None:
+    if not server.ready(wait_s=120):  # its imports take what one role's would; then every role skips them
+        print("prime_values: the fork server did not start; jobs start as fresh processes", flush=True)
 
 
 def stop_fork_server(server) -> None:

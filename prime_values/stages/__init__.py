@@ -21,9 +21,11 @@ import sys
 from omegaconf import OmegaConf
 
 from prime_values.budget import BudgetError, check_run_budget
-from prime_values.conductor import conduct
+from prime_values.conductor import conduct, stop_fork_server, wants_fork_server
 from prime_values.config import ConfigError
 from prime_values.gguf import GGUFError, is_gguf, prepare
+from prime_values.launch import local
+from prime_values.launch.zygote import ZygoteClient
 from prime_values.rundir import RunDir
 from prime_values.stages import evaluate, sft
 from prime_values.stages.common import MODEL_STAGES, STAGES, StageFailed, mark_done, read_done, resolved_config, \
@@ -158,6 +160,18 @@ def run_stages(cfg) -> dict:
         print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
     run = RunDir(HydraConfig.get().runtime.output_dir)
+    # stage jobs (sft, eval) and the rl stage's roles fork from one fork server, started before the model is
+    # prepared so its imports overlap the conversion and the token-budget check
+    fork_server = ZygoteClient(run.root) if plan(cfg) != ["rl"] and wants_fork_server(cfg) else None
+    if fork_server is not None:
+        local.FORK_SERVER = fork_server
+    try:
+        return _run_planned(run, cfg)
+    finally:
+        stop_fork_server(fork_server)
+
+
+def _run_planned(run: RunDir, cfg) -> dict:
     _prepare_model(cfg)
     signal.signal(signal.SIGTERM, _terminate)
     model, upstream, records = cfg.policy.model, None, {}

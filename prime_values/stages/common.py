@@ -21,8 +21,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from prime_values.conductor import job_end
-from prime_values.launch import job_device, kill_tree, make_executor, resolve_devices
+from prime_values.conductor import job_end, wait_for_fork_server
+from prime_values.launch import job_device, kill_tree, local, make_executor, resolve_devices
 from prime_values.monitor import MetricsTail, MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
 
@@ -117,6 +117,8 @@ def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
     for path in (run.jobs, run.root / "metrics"):  # not run.mkdirs(): a stage alone leaves no empty log/, weights/
         path.mkdir(parents=True, exist_ok=True)
     run.register_conductor(watch=cfg.launcher.name == "local")
+    if cfg.launcher.name == "local" and local.FORK_SERVER is not None:
+        wait_for_fork_server(local.FORK_SERVER)  # the stages' fork server (run_stages): ready, the job skips imports
     job = make_executor(cfg.launcher, run.jobs, name, device).submit(function, str(run.root))
     tail, started, last_print, shown = MetricsTail(run.metrics(name)), time.time(), 0.0, {}
     tail.read()  # only this attempt's lines
