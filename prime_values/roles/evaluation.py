@@ -121,36 +121,46 @@ def sft_loss(model, ids, mask, labels) -> tuple[torch.Tensor, dict]:
                   "seq_acc_tf": float(seq_ok.float().mean())}
 
 
-def supervised_warm_start(model, tokenizer, task, steps: int, batch_size: int = 128, lr: float = 2e-3,
-                          seed: int = 0, on_log: Callable[[int, dict], None] | None = None,
-                          log_every: int = 50, warmup_steps: int = 10, weight_decay: float = 0.0,
-                          grad_clip: float = 1.0, stop_at_accuracy: float | None = None,
-                          check_every: int = 25, val_size: int = 200) -> dict:
-    """SFT on freshly generated training problems (never held-out ones): cross-entropy on the
-    solution and eos tokens only, AdamW, linear warm-up then constant ``lr``.
+def validation_accuracy(model, tokenizer, task, seed: int, size: int, max_new_tokens: int | None = None):
+    """The early stop's measure: greedy accuracy on ``size`` fixed *training-distribution* problems (drawn with
+    ``Random(f"sft-val-{seed}")``, never the held-out set); a callable that leaves the model in train mode."""
+    problems = task.sample(random.Random(f"sft-val-{seed}"), size)
 
-    ``stop_at_accuracy``: every ``check_every`` steps, greedy-decode a fixed validation sample of
-    ``val_size`` *training-distribution* problems (not the held-out set) and stop as soon as its
-    accuracy reaches the target; ``steps`` is then a cap. Tiny models learn arithmetic through a
-    sharp, seed-dependent phase transition, so a fixed step count lands anywhere between 5% and 80%;
-    the target makes the warm start land in a band.
+    def measure() -> float:
+        accuracy = heldout_accuracy(model, tokenizer, task, problems, max_new_tokens)
+        model.train()
+        return accuracy
+    return measure
 
-    Returns the metrics of the last step (``loss``, ``token_acc``, ``seq_acc_tf`` = teacher-forced
-    exact-sequence accuracy, ``step``, ``elapsed_s``, and ``val_acc`` / ``stopped_early`` when a
-    target is set). ``on_log(step, metrics)`` is called every ``log_every`` steps and after the last
-    one. Leaves the model in train mode.
-    """
-    rng = random.Random(f"sft-{seed}")
+
+def supervised_train(model, batches: Callable[[int], tuple], steps: int, lr: float, warmup_steps: int = 10,
+                     weight_decay: float = 0.0, grad_clip: float = 1.0,
+                     accuracy: Callable[[], float] | None = None, target_accuracy: float | None = None,
+                     check_every: int = 25, log_every: int = 10,
+                     on_step: Callable[[int, dict, bool], None] | None = None) -> dict:
+    """The one supervised loop (the warm start's SFT and the `sft` stage): ``batches(step)`` gives each step's
+    right-padded ``(input_ids, attention_mask, labels)`` (``sft_batch``'s layout); cross-entropy on the labelled
+    tokens (``sft_loss``), AdamW (betas 0.9/0.99), linear warm-up over ``warmup_steps`` then constant ``lr``,
+    gradient norm clipped at ``grad_clip`` (0 = no clip).
+
+    ``accuracy`` with ``target_accuracy``: every ``check_every`` steps and at the last, ``val_acc = accuracy()``
+    (``validation_accuracy``: fixed training problems, never held-out ones), and training stops at the first check
+    that reaches the target; ``steps`` is then a cap. Tiny models learn arithmetic through a sharp, seed-dependent
+    phase transition, so a fixed step count lands anywhere between 5% and 80%; the target makes SFT land in a band.
+
+    ``on_step(step, metrics, log)`` after every step; ``log`` is true every ``log_every`` steps, at a check, at the
+    last step and at the stop. Returns the last step's metrics: ``loss``, ``token_acc``, ``seq_acc_tf``
+    (teacher-forced exact-sequence accuracy), ``grad_norm``, ``step``, ``lr`` (the next step's, as LambdaLR
+    reports it), ``elapsed_s``, and ``val_acc`` / ``stopped_early`` at a check. Leaves the model in train mode."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup_steps) if warmup_steps > 0 else 1.0)
-    val = task.sample(random.Random(f"sft-val-{seed}"), val_size) if stop_at_accuracy is not None else []
+    checking = accuracy is not None and target_accuracy is not None
     t0 = time.perf_counter()
     metrics: dict = {"step": 0, "elapsed_s": 0.0}
     for step in range(1, steps + 1):
-        ids, mask, labels = sft_batch(tokenizer, task, task.sample(rng, batch_size))
-        loss, m = sft_loss(model, ids, mask, labels)
+        loss, m = sft_loss(model, *batches(step))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if grad_clip:
@@ -160,14 +170,13 @@ def supervised_warm_start(model, tokenizer, task, steps: int, batch_size: int = 
         if not math.isfinite(m["loss"]):
             raise FloatingPointError(f"SFT loss is {m['loss']} at step {step}")
         metrics = {**m, "step": step, "lr": sched.get_last_lr()[0], "elapsed_s": time.perf_counter() - t0}
-        stop = False
-        if stop_at_accuracy is not None and (step % check_every == 0 or step == steps):
-            metrics["val_acc"] = heldout_accuracy(model, tokenizer, task, val)
-            model.train()
-            stop = metrics["val_acc"] >= stop_at_accuracy
+        stop = checked = False
+        if checking and (step % check_every == 0 or step == steps):
+            metrics["val_acc"] = accuracy()
+            stop, checked = metrics["val_acc"] >= target_accuracy, True
             metrics["stopped_early"] = stop and step < steps
-        if on_log is not None and (step % log_every == 0 or step == steps or stop):
-            on_log(step, metrics)
+        if on_step is not None:
+            on_step(step, metrics, step % log_every == 0 or step == steps or stop or checked)
         if stop:
             break
     return metrics
