@@ -121,8 +121,8 @@ def test_bad_knobs():
 
 def test_short_sft_reduces_loss_and_heldout_accuracy_runs():
     from prime_values.models import build_char_tokenizer, build_tiny_policy
-    from prime_values.roles.evaluation import (heldout_accuracy, sft_batch, sft_loss, supervised_train,
-                                               validation_accuracy)
+    from prime_values.rollout import greedy_accuracy
+    from prime_values.supervised import sft_batch, sft_loss, supervised_train, validation_accuracy
 
     torch.manual_seed(0)
     tok = build_char_tokenizer()
@@ -143,7 +143,7 @@ def test_short_sft_reduces_loss_and_heldout_accuracy_runs():
         after = float(sft_loss(model, ids, mask, labels)[0])
     assert after < before - 0.5, (before, after)
     assert [s for s, _ in logs] == [10, 20] and out["step"] == 20
-    acc = heldout_accuracy(model, tok, task, task.heldout(), max_new_tokens=4)
+    acc = greedy_accuracy(model, tok, task, task.heldout(), max_new_tokens=4)
     assert 0.0 <= acc <= 1.0
     # an accuracy target ends SFT at the first check that meets it
     rng = random.Random("sft-1")

@@ -16,7 +16,7 @@ from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import attention_mask, padded
-from prime_values.roles.evaluation import heldout_accuracy
+from prime_values.rollout import greedy_accuracy
 from prime_values.rundir import write_atomic
 from prime_values.tasks import make_task
 from prime_values.weights import prune, publish, resume, version_dir
@@ -163,7 +163,7 @@ def main(run_dir: str) -> None:
         records: list[dict] = []
         began = time.time()
         with timers.time("compute"):
-            accuracy = heldout_accuracy(full.to(device).eval(), tokenizer, task, heldout,
+            accuracy = greedy_accuracy(full.to(device).eval(), tokenizer, task, heldout,
                                         cfg.inference.max_new_tokens, per_problem=records)
         model.train()
         # each problem's outcome, for paired before/after comparisons (bench/paired_heldout.py)

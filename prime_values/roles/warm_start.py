@@ -20,10 +20,10 @@ from prime_values.algo.gae import gae
 from prime_values.log import LogReader, to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import critic_step, padded
-from prime_values.roles.evaluation import (heldout_accuracy, sample_and_score, sft_batch, supervised_train,
-                                          validation_accuracy)
 from prime_values.roles.inference import env_rows
+from prime_values.rollout import greedy_accuracy, sample_and_score
 from prime_values.rundir import RunDir, write_atomic
+from prime_values.supervised import sft_batch, supervised_train, validation_accuracy
 from prime_values.tasks import make_task
 from prime_values.tasks.pool import training_prompts
 from prime_values.weights import latest_version, publish, version_dir
@@ -34,7 +34,7 @@ def evaluate_heldout(ctx: RoleContext, model, tokenizer, task, name: str) -> flo
     outcome written to ``metrics/heldout/<name>.jsonl`` as the policy trainer writes its ``step_<n>.jsonl``
     (bench/paired_heldout.py pairs them)."""
     records: list[dict] = []
-    accuracy = heldout_accuracy(model.eval(), tokenizer, task, task.heldout(), ctx.cfg.inference.max_new_tokens,
+    accuracy = greedy_accuracy(model.eval(), tokenizer, task, task.heldout(), ctx.cfg.inference.max_new_tokens,
                                 per_problem=records)
     path = ctx.run.root / "metrics" / "heldout" / f"{name}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)

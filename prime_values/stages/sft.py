@@ -10,7 +10,7 @@ Examples come from one of
 - `sft.from_run=<run dir>`: that run's rollouts with `reward >= sft.min_reward` (rejection sampling), each
   distinct prompt + response once.
 
-The loss is the embedded warm start's (`roles.evaluation.sft_loss`: cross-entropy on response + eos tokens),
+The loss is the embedded warm start's (`supervised.sft_loss`: cross-entropy on response + eos tokens),
 with the same optimizer and schedule (AdamW, linear warm-up, constant, gradient clip 1); the optional early stop
 (`sft.target_accuracy`) measures greedy accuracy on fixed *training* problems of the task, never held-out ones.
 """
@@ -164,9 +164,9 @@ def batch_tensors(tokenizer, encoded: list[tuple[list[int], list[int]]]):
 
 
 def train(ctx: StageContext, model, tokenizer, task, examples: Examples) -> dict:
-    """The sft stage's steps (`roles.evaluation.supervised_train`, the warm start's loop) on batches of examples
+    """The sft stage's steps (`supervised.supervised_train`, the warm start's loop) on batches of examples
     that fit `sft.max_length`; returns the last step's metrics (plus val_acc when target_accuracy is set)."""
-    from prime_values.roles.evaluation import supervised_train, validation_accuracy
+    from prime_values.supervised import supervised_train, validation_accuracy
 
     sft, cfg = ctx.cfg.sft, ctx.cfg
     rng, dropped = random.Random(ctx.seed()), [0]
@@ -212,7 +212,7 @@ def main(run_dir: str) -> dict:
 
     from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, save_model
     from prime_values.models.tokenizer import ensure_pad_token
-    from prime_values.roles.evaluation import heldout_accuracy
+    from prime_values.rollout import greedy_accuracy
 
     ctx = StageContext(run_dir, "sft", "policy_trainer_device")
     cfg, sft, began = ctx.cfg, ctx.cfg.sft, time.time()
@@ -235,7 +235,7 @@ def main(run_dir: str) -> dict:
         ensure_pad_token(tokenizer)
         model = model.to(ctx.device)
         last = train(ctx, model, tokenizer, task, Examples(task, pairs))
-        accuracy = heldout_accuracy(model, tokenizer, task, task.heldout(), cfg.inference.max_new_tokens)
+        accuracy = greedy_accuracy(model, tokenizer, task, task.heldout(), cfg.inference.max_new_tokens)
         target = ctx.dir / "model"
         partial = ctx.dir / "model.partial"
         shutil.rmtree(partial, ignore_errors=True)
