@@ -1,5 +1,6 @@
 """Supervised fine-tuning on reference solutions: the batches, the loss and the one supervised loop under the warm
-start's SFT (roles/warm_start.py) and the `sft` stage (stages/sft.py) (docs/design.md §1).
+start's SFT (roles/warm_start.py) and the `sft` stage (stages/sft.py), stepping as the trainers do
+(`trainer.optimizer_step`; docs/design.md §1).
 
 Token layout: ``prompt_ids = tokenizer.encode(problem.prompt)`` (no special tokens), response =
 ``tokenizer.encode(task.solution(problem)) + [eos]``; sequences are right-padded for training.
@@ -15,6 +16,7 @@ from typing import Callable
 import torch
 
 from prime_values.rollout import greedy_accuracy
+from prime_values.trainer import optimizer_step
 
 
 def sft_batch(tokenizer, task, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,13 +93,13 @@ def supervised_train(model, batches: Callable[[int], tuple], steps: int, lr: flo
     checking = accuracy is not None and target_accuracy is not None
     t0 = time.perf_counter()
     metrics: dict = {"step": 0, "elapsed_s": 0.0}
-    for step in range(1, steps + 1):
+
+    def backward(step: int) -> dict:
         loss, m = sft_loss(model, *batches(step))
-        opt.zero_grad(set_to_none=True)
         loss.backward()
-        if grad_clip:
-            m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
-        opt.step()
+        return m
+    for step in range(1, steps + 1):
+        m = optimizer_step(model, opt, lambda: backward(step), grad_clip)  # the trainers' step (trainer.py)
         sched.step()
         if not math.isfinite(m["loss"]):
             raise FloatingPointError(f"SFT loss is {m['loss']} at step {step}")
