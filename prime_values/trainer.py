@@ -38,9 +38,8 @@ class Trainer:
     """A trainer's model, optimizer and newest published version (`version`), on every rank of its group."""
 
     def __init__(self, ctx, kind: str, section, group, model, optimizer, tokenizer, version: int, timers):
-        self.ctx, self.kind, self.section, self.group = ctx, kind, section, group
-        self.model, self.optimizer, self.tokenizer, self.version, self.timers = model, optimizer, tokenizer, version, \
-            timers
+        self.ctx, self.kind, self.section, self.group, self.timers = ctx, kind, section, group, timers
+        self.model, self.optimizer, self.tokenizer, self.version = model, optimizer, tokenizer, version
         self.root = ctx.run.weights(kind)
 
     @classmethod
