@@ -51,10 +51,8 @@ MUTATIONS = [
              ("tests/test_losses.py", E2E_LEARN)),
     Mutation("never-steps", "the policy trainer updates the policy",
              "prime_values/roles/policy_trainer.py",
-             "        stats_sum[\"grad_norm\"] = dist.clip_grad_norm(model.parameters(), pcfg.max_grad_norm)\n"
-             "    optimizer.step()",
-             "        stats_sum[\"grad_norm\"] = dist.clip_grad_norm(model.parameters(), pcfg.max_grad_norm)\n"
-             "    pass  # mutation: no optimizer step",
+             "    return optimizer_step(model, optimizer, accumulate, pcfg.max_grad_norm)",
+             "    return accumulate()  # mutation: no optimizer step",
              ("tests/test_role_parts.py", E2E_GRPO)),
     Mutation("no-privileged-block", "the critic sees the privileged context",
              "prime_values/roles/critic_io.py",
@@ -73,8 +71,8 @@ MUTATIONS = [
              ("tests/test_weights.py", E2E_GRPO)),
     Mutation("critic-never-publishes", "the value trainer publishes new critic versions",
              "prime_values/roles/value_trainer.py",
-             "                            publish(critic_root, version, save)",
-             "                            pass  # mutation: never publishes",
+             "                trainer.publish(replay_files(buffer), weights=average.swapped)",
+             "                pass  # mutation: never publishes",
              ("tests/test_role_parts.py", E2E_CRITIC)),
     Mutation("critic-never-steps", "the value trainer trains the critic",
              "prime_values/roles/critic_io.py",

@@ -121,7 +121,8 @@ def test_bad_knobs():
 
 def test_short_sft_reduces_loss_and_heldout_accuracy_runs():
     from prime_values.models import build_char_tokenizer, build_tiny_policy
-    from prime_values.roles.evaluation import heldout_accuracy, sft_batch, sft_loss, supervised_warm_start
+    from prime_values.rollout import greedy_accuracy
+    from prime_values.supervised import sft_batch, sft_loss, supervised_train, validation_accuracy
 
     torch.manual_seed(0)
     tok = build_char_tokenizer()
@@ -135,18 +136,20 @@ def test_short_sft_reduces_loss_and_heldout_accuracy_runs():
     assert int((labels == tok.eos_token_id).sum()) == len(probe)
     with torch.no_grad():
         before = float(sft_loss(model, ids, mask, labels)[0])
-    logs = []
-    out = supervised_warm_start(model, tok, task, steps=20, batch_size=16, lr=3e-3, seed=0,
-                                on_log=lambda s, m: logs.append((s, m)), log_every=10)
+    logs, rng = [], random.Random("sft-0")  # the stream the warm start of seed 0 draws
+    out = supervised_train(model, lambda step: sft_batch(tok, task, task.sample(rng, 16)), 20, lr=3e-3,
+                           on_step=lambda s, m, log: log and logs.append((s, m)), log_every=10)
     with torch.no_grad():
         after = float(sft_loss(model, ids, mask, labels)[0])
     assert after < before - 0.5, (before, after)
     assert [s for s, _ in logs] == [10, 20] and out["step"] == 20
-    acc = heldout_accuracy(model, tok, task, task.heldout(), max_new_tokens=4)
+    acc = greedy_accuracy(model, tok, task, task.heldout(), max_new_tokens=4)
     assert 0.0 <= acc <= 1.0
     # an accuracy target ends SFT at the first check that meets it
-    out = supervised_warm_start(model, tok, task, steps=50, batch_size=8, seed=1, stop_at_accuracy=0.0,
-                                check_every=3, val_size=10)
+    rng = random.Random("sft-1")
+    out = supervised_train(model, lambda step: sft_batch(tok, task, task.sample(rng, 8)), 50, lr=2e-3,
+                           accuracy=validation_accuracy(model, tok, task, seed=1, size=10), target_accuracy=0.0,
+                           check_every=3)
     assert out["step"] == 3 and out["stopped_early"] and 0.0 <= out["val_acc"] <= 1.0
 
 

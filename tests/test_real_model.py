@@ -154,12 +154,12 @@ def test_eos_is_not_pad_and_the_published_version_keeps_the_tokenizer(smollm, tm
 def test_sft_trains_the_eos_even_where_pad_is_eos(smollm):
     """A tokenizer without a pad token gets its unk token as pad (`ensure_pad_token`, in the sft and eval stages
     and the warm start), or the EOS where unk is the EOS; either way the labels of stages/sft.py and
-    roles/evaluation.py go by length, so the EOS closing each response is a target, not padding, even where
+    supervised.py go by length, so the EOS closing each response is a target, not padding, even where
     pad = eos (the worst case, forced here)."""
     import copy
 
     from prime_values.models.tokenizer import ensure_pad_token
-    from prime_values.roles.evaluation import sft_batch
+    from prime_values.supervised import sft_batch
     from prime_values.stages.sft import batch_tensors, encode
 
     tokenizer = copy.deepcopy(smollm[0])

@@ -552,3 +552,44 @@ def test_warm_start_evaluates_the_heldout_set_before_and_after_sft_on_the_same_p
 
     heldout, accuracy, _, _ = run("before_only", "policy.warm_start.heldout_after=false")
     assert accuracy is None and (heldout / "before_sft.jsonl").exists() and not (heldout / "after_sft.jsonl").exists()
+
+
+def test_critic_batch_sources_publish_on_their_schedule_and_serve_scoring_first():
+    """The value trainer's schedules as batch sources of (batch, publish_now): async publishes every
+    critic.publish_every steps once replay holds replay.min_rollouts; lockstep trains lockstep_critic_steps
+    minibatches on policy version v's rows and publishes after the last; both serve scoring first."""
+    from types import SimpleNamespace
+
+    from prime_values.monitor import Timers
+    from prime_values.replay import IngestQueue, ReplayBuffer
+    from prime_values.roles.value_trainer import lockstep_batches, replay_batches
+
+    cfg = OmegaConf.structured(Config)
+    cfg.replay.min_rollouts, cfg.critic.publish_every, cfg.critic.batch_rollouts = 2, 2, 1
+    cfg.inference.prompts_per_step, cfg.inference.group_size, cfg.schedule.lockstep_critic_steps = 1, 2, 3
+    ctx = SimpleNamespace(cfg=cfg, stopping=lambda: False, wait=lambda *a: None, seed=lambda *s: 0)
+    scored = []
+
+    def score() -> bool:  # the colocated evaluator has one scoring batch waiting, then none
+        scored.append(len(scored))
+        return len(scored) == 1
+
+    queue = IngestQueue(8)
+    for i in range(2):
+        queue.put(rollout(f"r{i}", "g", 1.0, version=0))
+    source = replay_batches(ctx, queue, ReplayBuffer(8, 100, "fifo"), score, Timers())
+    flags = [publish for _, publish in (next(source) for _ in range(4))]
+    assert flags == [False, True, False, True] and scored[:2] == [0, 1]  # scoring served before the first step
+
+    version, scored[:] = [0], []
+    for i in range(2):
+        queue.put(rollout(f"l{i}", "g", 1.0, version=0))
+    queue.put(rollout("next", "h", 1.0, version=1))  # policy version 1's rows: not enough for its batch yet
+    stops = iter([False] * 5 + [True])
+    ctx.stopping = lambda: next(stops)
+    source = lockstep_batches(ctx, queue, ReplayBuffer(8, 100, "fifo"), score, Timers(), lambda: version[0])
+    items = [next(source) for _ in range(3)]
+    assert [p for _, p in items] == [False, False, True]
+    assert all(len(b) == 1 and b[0]["policy_version"] == 0 for b, _ in items)
+    version[0] = 1  # published: the next plan waits for version 1's whole batch until the run stops
+    assert list(source) == []

@@ -1,5 +1,5 @@
 """Every place that samples and scores runs a multi-turn `verifiers` environment's whole episodes
-(`roles.evaluation.sample_and_score`): the held-out evaluation (greedy), the critic warm start's samples and the
+(`rollout.sample_and_score`): the held-out evaluation (greedy), the critic warm start's samples and the
 eval stage's avg@k / pass@k. The environment below rewards only a reply to its follow-up question, so scoring the
 first reply alone (what these places did before) gives 0 where the episodes give the right reward."""
 
@@ -82,13 +82,13 @@ def _assert_two_turns(tokenizer, token_ids, mask, logprobs):
 
 
 def test_heldout_accuracy_is_greedy_over_whole_episodes(follow_up, tiny, monkeypatch):
-    from prime_values.roles.evaluation import heldout_accuracy, sample_and_score
+    from prime_values.rollout import greedy_accuracy, sample_and_score
 
     tokenizer, model = tiny
     cfg, task, expected = follow_up
     asked, rollout = [], task.rollout
     monkeypatch.setattr(task, "rollout", lambda *a, **k: asked.append(k) or rollout(*a, **k))
-    assert heldout_accuracy(model, tokenizer, task, max_new_tokens=4) == pytest.approx(sum(expected) / 4)
+    assert greedy_accuracy(model, tokenizer, task, task.heldout(), max_new_tokens=4) == pytest.approx(sum(expected) / 4)
     assert asked[0]["temperature"] == 0.0 and asked[0]["num_samples"] == 1
     # temperature 0 is greedy decoding in an episode too: a group's episodes are the same
     episodes = sample_and_score(model, tokenizer, task, task.heldout(), num_samples=2, max_new_tokens=4,

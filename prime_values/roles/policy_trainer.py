@@ -16,10 +16,10 @@ from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import attention_mask, padded
-from prime_values.roles.evaluation import heldout_accuracy
+from prime_values.rollout import greedy_accuracy
 from prime_values.rundir import write_atomic
 from prime_values.tasks import make_task
-from prime_values.weights import prune, publish, resume, version_dir
+from prime_values.trainer import Trainer, optimizer_step
 
 
 def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str) -> dict:
@@ -31,34 +31,32 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
     size = pcfg.micro_batch_rollouts or len(rows)
     total_tokens = sum(sum(r["policy_mask"]) for r in rows)
     world = dist.current().world
-    optimizer.zero_grad(set_to_none=True)
-    stats_sum: dict[str, float] = {}
-    for begin in range(0, len(rows), size):
-        micro, real = dist.share(rows[begin: begin + size])
-        ids = padded(micro, "token_ids", torch.long, fill=pad_id).to(device)
-        attention = attention_mask(micro).to(device)
-        mask = padded(micro, "policy_mask", torch.bool).to(device)
-        sampling = padded(micro, "sampling_logprobs", torch.float32).to(device)
-        advantages = padded(micro, "advantages", torch.float32).to(device)
-        # policy.dtype=bf16-mixed: the forward runs under bf16 autocast (models.build.apply_precision); the logits,
-        # the logprobs and the loss are fp32 from here on
-        logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
-        logprobs = token_logprobs(logits, ids, cfg.inference.temperature)
-        if pcfg.trust_region == "prob_diff":
-            loss, stats = prob_diff_mask_loss(logprobs, sampling, advantages, mask, delta_low=pcfg.prob_diff_low,
-                                              delta_high=pcfg.prob_diff_high, kl_coef=pcfg.kl_coef)
-        else:
-            loss, stats = ppo_clip_loss(logprobs, sampling, advantages, mask, clip_low=pcfg.clip_low,
-                                        clip_high=pcfg.clip_high, kl_coef=pcfg.kl_coef)
-        weight = mask.sum().item() / max(total_tokens, 1) * real  # token-level aggregation across micro-batches
-        (loss * (weight * world)).backward()  # x world: FSDP averages the ranks' gradients
-        for key, value in {"loss": loss.item(), **stats}.items():
-            stats_sum[key] = stats_sum.get(key, 0.0) + value * weight
-    stats_sum = dist.all_reduce_sum(stats_sum)
-    if pcfg.max_grad_norm > 0:
-        stats_sum["grad_norm"] = dist.clip_grad_norm(model.parameters(), pcfg.max_grad_norm)
-    optimizer.step()
-    return stats_sum
+
+    def accumulate() -> dict:
+        stats_sum: dict[str, float] = {}
+        for begin in range(0, len(rows), size):
+            micro, real = dist.share(rows[begin: begin + size])
+            ids = padded(micro, "token_ids", torch.long, fill=pad_id).to(device)
+            attention = attention_mask(micro).to(device)
+            mask = padded(micro, "policy_mask", torch.bool).to(device)
+            sampling = padded(micro, "sampling_logprobs", torch.float32).to(device)
+            advantages = padded(micro, "advantages", torch.float32).to(device)
+            # policy.dtype=bf16-mixed: the forward runs under bf16 autocast (models.build.apply_precision); the
+            # logits, the logprobs and the loss are fp32 from here on
+            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
+            logprobs = token_logprobs(logits, ids, cfg.inference.temperature)
+            if pcfg.trust_region == "prob_diff":
+                loss, stats = prob_diff_mask_loss(logprobs, sampling, advantages, mask, delta_low=pcfg.prob_diff_low,
+                                                  delta_high=pcfg.prob_diff_high, kl_coef=pcfg.kl_coef)
+            else:
+                loss, stats = ppo_clip_loss(logprobs, sampling, advantages, mask, clip_low=pcfg.clip_low,
+                                            clip_high=pcfg.clip_high, kl_coef=pcfg.kl_coef)
+            weight = mask.sum().item() / max(total_tokens, 1) * real  # token-level aggregation across micro-batches
+            (loss * (weight * world)).backward()  # x world: FSDP averages the ranks' gradients
+            for key, value in {"loss": loss.item(), **stats}.items():
+                stats_sum[key] = stats_sum.get(key, 0.0) + value * weight
+        return dist.all_reduce_sum(stats_sum)
+    return optimizer_step(model, optimizer, accumulate, pcfg.max_grad_norm)
 
 
 def next_batch(reader: LogReader, ctx: RoleContext, timers: Timers | None = None):
@@ -124,92 +122,75 @@ class TimeBudget:
         return now - self.began + step_s + self.eval_s() >= self.limit_s
 
 
+class Batches:
+    """Rank 0's batch source (`trainer.Trainer.batches`): batch n for step n = version + 1, each published (True),
+    until `steps`, the time budget (`TimeBudget`), or the run's stop (`stopped`: then the role ends unfinished)."""
+
+    def __init__(self, ctx: RoleContext, trainer: Trainer, timers: Timers):
+        self.ctx, self.trainer, self.timers, self.stopped = ctx, trainer, timers, False
+        self.reader = ctx.reader("batches", "policy_trainer")
+        self.budget = TimeBudget(ctx.cfg.time_budget_min, ctx.run.config, ctx.run.metrics("policy_trainer"))
+
+    def __iter__(self):
+        while self.trainer.version < self.ctx.cfg.steps:
+            if self.budget.spent():
+                self.ctx.log.info("time_budget_min=%s: step %d is the last one", self.ctx.cfg.time_budget_min,
+                                  self.trainer.version)
+                return
+            rows = next_rows(self.reader, self.ctx, self.trainer.version + 1, self.timers)
+            if rows is None:
+                self.stopped = True
+                return
+            yield rows, True
+
+
+def evaluate(ctx: RoleContext, trainer: Trainer, task, heldout, timers: Timers, step: int, full) -> None:
+    """Held-out accuracy of `full` (the whole model: rank 0's unsharded copy when sharded), each problem's outcome
+    in metrics/heldout/step_<n>.jsonl for paired before/after comparisons (bench/paired_heldout.py)."""
+    records: list[dict] = []
+    began = time.time()
+    with timers.time("compute"):
+        accuracy = greedy_accuracy(full.to(trainer.device).eval(), trainer.tokenizer, task, heldout,
+                                   ctx.cfg.inference.max_new_tokens, per_problem=records)
+    trainer.model.train()
+    path = ctx.run.root / "metrics" / "heldout" / f"step_{step:06d}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+    ctx.metrics.log(step=step, heldout_accuracy=accuracy, heldout_s=time.time() - began, **timers.snapshot())
+
+
 def main(run_dir: str) -> None:
-    from transformers import AutoTokenizer
-
-    from prime_values.models import lora, read_optimizer_state, save_optimizer_state
-    from prime_values.models.build import enable_checkpointing
-    ctx = RoleContext(run_dir, "policy_trainer", "policy_trainer_device")
-    timers = Timers()
-    cfg, policy_root = ctx.cfg, ctx.run.weights("policy")
-    group = dist.setup(cfg.topology.policy_trainer_procs, ctx.device, cfg.launcher.timeout_min)
-    device = group.device  # ctx.device, or this rank's GPU
-    # the newest version that loads (a damaged one is moved aside and redone); rank 0 decides
-    load = lora.trainer_loader(cfg.policy.lora, "policy", ctx.seed(7))  # LoRA: base + adapter (models/lora.py)
-    start, loaded = resume(policy_root, load) if group.main else (None, None)
-    start = dist.broadcast(start)
-    assert start is not None, f"no policy version in {policy_root}: the warm-start job publishes version 0"
-    model = (loaded if group.main else load(version_dir(policy_root, start))).to(device).train()
-    if cfg.policy.activation_checkpointing:  # per transformer block, before sharding
-        enable_checkpointing(model)
-    model = dist.shard(model)  # bf16-mixed: bf16 all-gathers, fp32 gradient reduction
-    tokenizer = AutoTokenizer.from_pretrained(version_dir(policy_root, 0))
-    optimizer = torch.optim.AdamW(lora.trainable(model), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
-    if start > 0:  # the Adam moments of the version resumed from, with any process count
-        ctx.log.info("resuming after version %d: %s", start, dist.restore_optimizer_state(
-            model, optimizer, lambda: read_optimizer_state(version_dir(policy_root, start))))
-    every = cfg.log.optimizer_state_every
-
-    def save(path) -> None:
-        lora.saver(cfg.policy.lora)(full, tokenizer, path)  # adapter-only with LoRA
-        if opt_state is not None:
-            save_optimizer_state(opt_state, path)
-    task = make_task(**cfg.task)
+    ctx, timers = RoleContext(run_dir, "policy_trainer", "policy_trainer_device"), Timers()
+    cfg = ctx.cfg
+    trainer = Trainer.resume(ctx, "policy", cfg.policy, cfg.topology.policy_trainer_procs, lambda params:
+                             torch.optim.AdamW(params, lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay), timers)
+    start, task, optimizer = trainer.version, make_task(**cfg.task), trainer.optimizer
     heldout = task.heldout()
     # rank 0 alone reads batches, publishes, logs and evaluates; the other ranks train on what it broadcasts
-    reader = ctx.reader("batches", "policy_trainer") if group.main else None
-
-    def evaluate(step: int, full) -> None:  # full: the whole model (rank 0's unsharded copy when sharded)
-        records: list[dict] = []
-        began = time.time()
-        with timers.time("compute"):
-            accuracy = heldout_accuracy(full.to(device).eval(), tokenizer, task, heldout,
-                                        cfg.inference.max_new_tokens, per_problem=records)
-        model.train()
-        # each problem's outcome, for paired before/after comparisons (bench/paired_heldout.py)
-        path = ctx.run.root / "metrics" / "heldout" / f"step_{step:06d}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
-        ctx.metrics.log(step=step, heldout_accuracy=accuracy, heldout_s=time.time() - began, **timers.snapshot())
-
-    if start == 0:
-        full = dist.unsharded(model)
-        if group.main:
-            evaluate(0, full)  # the accuracy at the first RL step, before any update
-    budget = TimeBudget(cfg.time_budget_min, ctx.run.config, ctx.run.metrics("policy_trainer"))
-    last = start
-    for step in range(start + 1, cfg.steps + 1):
-        if dist.broadcast(budget.spent() if group.main else None):
-            ctx.log.info("time_budget_min=%s: step %d is the last one", cfg.time_budget_min, last)
-            break
-        waited = time.time()
-        rows = dist.broadcast(next_rows(reader, ctx, step, timers) if group.main else None)
-        if rows is None:
-            return dist.teardown()
-        began = time.time()
+    source = Batches(ctx, trainer, timers) if trainer.main else None
+    full = dist.unsharded(trainer.model) if start == 0 else None
+    if start == 0 and trainer.main:
+        evaluate(ctx, trainer, task, heldout, timers, 0, full)  # the accuracy at the first RL step, before any update
+    waited = time.time()
+    for rows, _ in trainer.batches(source):
+        step, began = trainer.version + 1, time.time()
         with timers.time("compute"):
             for param_group in optimizer.param_groups:
                 param_group["lr"] = policy_lr(cfg.policy, step, cfg.steps)
-            stats = train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, device)
-            full = dist.unsharded(model)  # the model itself with one process
-            # every rank gathers (a collective); rank 0 saves it with the version
-            opt_state = dist.optimizer_state(model, optimizer) if every and step % every == 0 else None
-        if not group.main:
-            continue
-        with timers.time("io"):
-            publish(policy_root, step, save)
-            reader.commit()
-            prune(policy_root, keep=cfg.log.keep_weights, protect=lora.protected(full))
-        versions = [r["policy_version"] for r in rows]
-        ctx.metrics.log(step=step, **stats, lr=optimizer.param_groups[0]["lr"],
-                        reward_mean=sum(r["reward"] for r in rows) / len(rows),
-                        off_policy_max=max((step - 1) - v for v in versions), step_wait_s=began - waited,
-                        train_s=time.time() - began, rollouts=len(rows), **timers.snapshot())
-        last = step
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            evaluate(step, full)
-    if group.main:
-        if last < cfg.steps and last > start and last % cfg.eval_every:
-            evaluate(last, full)  # ended by the time budget: the final evaluation of the last version
+            stats = train_step(trainer.model, optimizer, rows, cfg, trainer.tokenizer.pad_token_id, trainer.device)
+        full = trainer.publish(published=source.reader.commit if trainer.main else None)
+        if trainer.main:
+            ctx.metrics.log(step=step, **stats, lr=optimizer.param_groups[0]["lr"],
+                            reward_mean=sum(r["reward"] for r in rows) / len(rows),
+                            off_policy_max=max((step - 1) - r["policy_version"] for r in rows),
+                            step_wait_s=began - waited, train_s=time.time() - began, rollouts=len(rows),
+                            **timers.snapshot())
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                evaluate(ctx, trainer, task, heldout, timers, step, full)
+        waited = time.time()
+    last = trainer.version
+    if trainer.main and not source.stopped:
+        if start < last < cfg.steps and last % cfg.eval_every:  # ended by the time budget: evaluate the last version
+            evaluate(ctx, trainer, task, heldout, timers, last, full)
         ctx.mark_done(step=last)
-    dist.teardown()
+    trainer.close()

@@ -20,9 +20,10 @@ from prime_values.algo.gae import gae
 from prime_values.log import LogReader, to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.critic_io import critic_step, padded
-from prime_values.roles.evaluation import heldout_accuracy, sample_and_score, supervised_warm_start
 from prime_values.roles.inference import env_rows
+from prime_values.rollout import greedy_accuracy, sample_and_score
 from prime_values.rundir import RunDir, write_atomic
+from prime_values.supervised import sft_batch, supervised_train, validation_accuracy
 from prime_values.tasks import make_task
 from prime_values.tasks.pool import training_prompts
 from prime_values.weights import latest_version, publish, version_dir
@@ -33,7 +34,7 @@ def evaluate_heldout(ctx: RoleContext, model, tokenizer, task, name: str) -> flo
     outcome written to ``metrics/heldout/<name>.jsonl`` as the policy trainer writes its ``step_<n>.jsonl``
     (bench/paired_heldout.py pairs them)."""
     records: list[dict] = []
-    accuracy = heldout_accuracy(model.eval(), tokenizer, task, task.heldout(), ctx.cfg.inference.max_new_tokens,
+    accuracy = greedy_accuracy(model.eval(), tokenizer, task, task.heldout(), ctx.cfg.inference.max_new_tokens,
                                 per_problem=records)
     path = ctx.run.root / "metrics" / "heldout" / f"{name}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,17 +59,21 @@ def supervised(ctx: RoleContext, model, tokenizer, task) -> float | None:
         ctx.metrics.log(heldout_accuracy_before_sft=before, heldout_before_sft_s=time.time() - began)
         model.train()
 
-    def on_log(step: int, metrics: dict) -> None:
+    def on_step(step: int, metrics: dict, log: bool) -> None:
+        if not log:
+            return
         last_val.update({"sft_val_accuracy": metrics["val_acc"]} if "val_acc" in metrics else {})
         ctx.metrics.log(sft_step=step, **metrics, **last_val)
         if ctx.stopping():
             raise SystemExit(f"warm start stopped at step {step}: the run was stopped")
 
     if ws.steps > 0:
-        supervised_warm_start(model, tokenizer, task, steps=ws.steps, batch_size=ws.batch_size, lr=ws.lr,
-                              seed=ctx.seed(), on_log=on_log, log_every=math.gcd(10, ws.check_every),
-                              stop_at_accuracy=ws.target_accuracy if ws.target_accuracy > 0 else None,
-                              check_every=ws.check_every, warmup_steps=ws.warmup_steps)
+        rng = random.Random(f"sft-{ctx.seed()}")
+        target = ws.target_accuracy if ws.target_accuracy > 0 else None
+        accuracy = validation_accuracy(model, tokenizer, task, ctx.seed(), 200) if target is not None else None
+        supervised_train(model, lambda step: sft_batch(tokenizer, task, task.sample(rng, ws.batch_size)), ws.steps,
+                         lr=ws.lr, warmup_steps=ws.warmup_steps, accuracy=accuracy, target_accuracy=target,
+                         check_every=ws.check_every, log_every=math.gcd(10, ws.check_every), on_step=on_step)
     model.eval()
     if ws.steps == 0 or not ws.heldout_after:
         return None

@@ -56,7 +56,7 @@ def main(run_dir: str) -> dict:
 
     from prime_values.models import load_policy
     from prime_values.models.tokenizer import ensure_pad_token
-    from prime_values.roles.evaluation import sample_and_score
+    from prime_values.rollout import sample_and_score
     ctx = StageContext(run_dir, "eval", "inference_device")
     cfg, ev, began = ctx.cfg, ctx.cfg.eval, time.time()
     max_new = ev.max_new_tokens or cfg.inference.max_new_tokens

@@ -10,7 +10,7 @@ Examples come from one of
 - `sft.from_run=<run dir>`: that run's rollouts with `reward >= sft.min_reward` (rejection sampling), each
   distinct prompt + response once.
 
-The loss is the embedded warm start's (`roles.evaluation.sft_loss`: cross-entropy on response + eos tokens),
+The loss is the embedded warm start's (`supervised.sft_loss`: cross-entropy on response + eos tokens),
 with the same optimizer and schedule (AdamW, linear warm-up, constant, gradient clip 1); the optional early stop
 (`sft.target_accuracy`) measures greedy accuracy on fixed *training* problems of the task, never held-out ones.
 """
@@ -18,7 +18,6 @@ with the same optimizer and schedule (AdamW, linear warm-up, constant, gradient 
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import time
@@ -165,20 +164,14 @@ def batch_tensors(tokenizer, encoded: list[tuple[list[int], list[int]]]):
 
 
 def train(ctx: StageContext, model, tokenizer, task, examples: Examples) -> dict:
-    """The SFT loop; returns the last step's metrics (plus val_acc when target_accuracy is set)."""
-    import torch
-
-    from prime_values.roles.evaluation import heldout_accuracy, sft_loss
+    """The sft stage's steps (`supervised.supervised_train`, the warm start's loop) on batches of examples
+    that fit `sft.max_length`; returns the last step's metrics (plus val_acc when target_accuracy is set)."""
+    from prime_values.supervised import supervised_train, validation_accuracy
 
     sft, cfg = ctx.cfg.sft, ctx.cfg
-    rng = random.Random(ctx.seed())
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=sft.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / sft.warmup_steps) if sft.warmup_steps > 0 else 1.0)
-    val = task.sample(random.Random(f"sft-val-{ctx.seed()}"), sft.val_size) if sft.target_accuracy > 0 else []
-    metrics, dropped, began = {"sft_step": 0}, 0, time.time()
-    for step in range(1, sft.steps + 1):
+    rng, dropped = random.Random(ctx.seed()), [0]
+
+    def batch(step: int):
         encoded = []
         for _ in range(100):  # draw until the batch is full of examples that fit
             for pair in examples.draw(rng, sft.batch_size - len(encoded)):
@@ -186,35 +179,31 @@ def train(ctx: StageContext, model, tokenizer, task, examples: Examples) -> dict
                 if len(prompt_ids) + len(response_ids) <= sft.max_length:
                     encoded.append((prompt_ids, response_ids))
                 else:
-                    dropped += 1
+                    dropped[0] += 1
             if len(encoded) == sft.batch_size:
                 break
         if not encoded:
             raise SFTDataError(f"every SFT example drawn is longer than sft.max_length={sft.max_length} tokens; "
                                "raise sft.max_length")
-        loss, m = sft_loss(model, *batch_tensors(tokenizer, encoded))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        m["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-        opt.step()
-        sched.step()
-        if not math.isfinite(m["loss"]):
-            raise FloatingPointError(f"SFT loss is {m['loss']} at step {step}")
-        metrics = {"sft_step": step, **m, "lr": sched.get_last_lr()[0], "dropped_too_long": dropped,
-                   "elapsed_s": time.time() - began}
-        stop = False
-        if val and (step % sft.check_every == 0 or step == sft.steps):
-            metrics["val_acc"] = heldout_accuracy(model, tokenizer, task, val, cfg.inference.max_new_tokens)
-            model.train()
-            stop = metrics["val_acc"] >= sft.target_accuracy
-        if step % 10 == 0 or step == sft.steps or stop or "val_acc" in metrics:
-            ctx.metrics.log(**metrics)
+        return batch_tensors(tokenizer, encoded)
+
+    def on_step(step: int, metrics: dict, log: bool) -> None:
+        last.clear()
+        last.update({"sft_step": step, **{k: v for k, v in metrics.items() if k not in ("step", "stopped_early")},
+                     "dropped_too_long": dropped[0]})
+        if log:
+            ctx.metrics.log(**last)
         if ctx.stopping():
             raise SystemExit(f"sft stopped at step {step}: the run was stopped")
-        if stop:
-            break
+
+    last: dict = {"sft_step": 0}
+    accuracy = validation_accuracy(model, tokenizer, task, ctx.seed(), sft.val_size, cfg.inference.max_new_tokens) \
+        if sft.target_accuracy > 0 and sft.val_size > 0 else None
+    supervised_train(model, batch, sft.steps, lr=sft.lr, warmup_steps=sft.warmup_steps, accuracy=accuracy,
+                     target_accuracy=sft.target_accuracy, check_every=sft.check_every,
+                     on_step=on_step)
     model.eval()
-    return metrics
+    return last
 
 
 def main(run_dir: str) -> dict:
@@ -223,7 +212,7 @@ def main(run_dir: str) -> dict:
 
     from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, save_model
     from prime_values.models.tokenizer import ensure_pad_token
-    from prime_values.roles.evaluation import heldout_accuracy
+    from prime_values.rollout import greedy_accuracy
 
     ctx = StageContext(run_dir, "sft", "policy_trainer_device")
     cfg, sft, began = ctx.cfg, ctx.cfg.sft, time.time()
@@ -246,7 +235,7 @@ def main(run_dir: str) -> dict:
         ensure_pad_token(tokenizer)
         model = model.to(ctx.device)
         last = train(ctx, model, tokenizer, task, Examples(task, pairs))
-        accuracy = heldout_accuracy(model, tokenizer, task, task.heldout(), cfg.inference.max_new_tokens)
+        accuracy = greedy_accuracy(model, tokenizer, task, task.heldout(), cfg.inference.max_new_tokens)
         target = ctx.dir / "model"
         partial = ctx.dir / "model.partial"
         shutil.rmtree(partial, ignore_errors=True)

@@ -30,7 +30,7 @@ suffix the template adds after the conversation so far, plus the generation prom
 (the embedded character tokenizer) uses plain text: a system prompt and a newline, then each user/tool message's
 text as is (the sampled eos separates turns).
 
-Every place that samples and scores runs episodes through ``rollout`` (``roles.evaluation.sample_and_score``;
+Every place that samples and scores runs episodes through ``rollout`` (``rollout.sample_and_score``;
 the inference role's ``generate_rows``): RL rollouts, the held-out evaluation (policy trainer ``eval_every``,
 warm start, ``sft`` stage; greedy: ``temperature`` 0), the critic warm start's samples of policy v0 (their
 environment tokens have ``policy_mask`` 0) and the ``eval`` stage's avg@k / pass@k (a sample is correct when its
@@ -339,7 +339,7 @@ class _Seat:
 
 @dataclass
 class EnvRollout:
-    """One finished, scored episode, as the inference role records it (``roles.evaluation.sample_and_score`` gives
+    """One finished, scored episode, as the inference role records it (``rollout.sample_and_score`` gives
     a single-reply task's rollouts the same shape: one turn)."""
 
     prompt_index: int
