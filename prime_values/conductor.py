@@ -23,9 +23,9 @@ from omegaconf import OmegaConf
 from prime_values.config import load_saved, validate
 from prime_values.launch import entry, kill_tree, make_executor, resolve_devices, role_gpus, role_procs
 from prime_values.launch.zygote import ZygoteClient
-from prime_values.live import Progress  # the live view (prime_values/live.py)
+from prime_values.tools.live import Progress  # the live view (prime_values/tools/live.py)
 from prime_values.rundir import RunDir, write_atomic
-from prime_values.sweep import after_point
+from prime_values.tools.sweep import after_point
 from prime_values.wandb_sink import start_forwarder
 from prime_values.weights import latest_version
 
@@ -260,7 +260,7 @@ def submit_pipeline(run: RunDir, cfg) -> dict:
     max_restarts per launcher.restart_window_s) and the next one resumes the run; Ctrl-C stops it cleanly."""
     from prime_values.launch.slurm import (cancel_all, describe_request, job_states, make_slurm_executor,
                                            pipeline_request, queued_line)
-    from prime_values.report import format_summary, summarise
+    from prime_values.tools.report import format_summary, summarise
 
     request, launcher = pipeline_request(cfg), cfg.launcher
     extra = {**dict(launcher.extra_sbatch), "requeue": True}  # SLURM itself requeues it after a node failure
@@ -377,7 +377,7 @@ def drive(run_dir: str) -> dict:
 
 
 def run_roles(run: RunDir, cfg) -> dict:
-    from prime_values.report import format_summary, summarise, write_report
+    from prime_values.tools.report import format_summary, summarise, write_report
 
     fleet = Fleet(run, cfg)
     progress = Progress(run, cfg.steps)

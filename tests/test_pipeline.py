@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow  # every test here runs the whole pipeline of proc
 
 def assert_roles_did_their_part(run_dir: Path, steps: int, critic: bool, lockstep: bool = False) -> None:
     assert_learned(run_dir, critic=critic, lockstep=lockstep)
-    from prime_values.check import check
+    from prime_values.tools.check import check
 
     invariants = check(run_dir)  # every invariant of the run directory (staleness bound, one batch per step, ...)
     assert invariants.ok, invariants.violations
@@ -54,7 +54,7 @@ def assert_roles_did_their_part(run_dir: Path, steps: int, critic: bool, lockste
     for name in ("learning", "critic", "advantages", "replay", "throughput"):
         assert (run_dir / "report" / f"{name}.png").stat().st_size > 10_000, f"plot {name}.png missing or empty"
     assert "learning.png" in (run_dir / "report" / "summary.md").read_text()
-    from prime_values.status import status
+    from prime_values.tools.status import status
 
     shown = status(run_dir)
     assert "ended, finished" in shown and f"policy step {steps}/{steps}" in shown
