@@ -10,12 +10,13 @@ Rules (each failure names the module, the line and the import):
 2. `prime_values/algo` imports only torch, numpy, the standard library and itself.
 3. `prime_values/log` imports nothing of models, roles, tasks, algo (nor torch, transformers): the log knows no
    models.
-4. Roles use algo, log, weights, models, tasks; none of algo, log, weights, models, tasks imports roles.
+4. Roles use algo, log, weights, models, tasks and critic_io (the critic's inputs and step: library code, not a
+   role); none of those imports roles.
 5. A function-local import is for a heavy or optional dependency only: it must bring in a package of HEAVY or an
    optional extra (setup.cfg) that the importing module does not already import at module level (directly or
    through the modules it imports). Everything else is imported at the top.
 6. The command-line tools (prime_values/tools: check, show, status, report, ...) may use everything; none of algo,
-   log, weights, models, tasks, roles imports them.
+   log, weights, models, tasks, critic_io, roles imports them.
 7. The modules the fork server preloads (PRELOAD in prime_values/launch/zygote.py) import no pyarrow, whose
    allocator starts a thread before the zygote forks.
 """
@@ -40,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 HEAVY = frozenset({"torch", "transformers", "matplotlib", "hydra", "pyarrow", "numpy", "omegaconf", "submitit",
                    "asyncio"})
 ALGO_ALLOWED = frozenset({"torch", "numpy"})
-LOWER = ("algo", "log", "weights", "models", "tasks")  # what roles use; none of them uses roles
+LOWER = ("algo", "log", "weights", "models", "tasks", "critic_io")  # what roles use; none of them uses roles
 BELOW_TOOLS = LOWER + ("roles",)  # none of them imports prime_values.tools
 LOG_FORBIDDEN = ("prime_values.models", "prime_values.roles", "prime_values.tasks", "prime_values.algo", "torch",
                  "transformers", "peft", "vllm")
@@ -311,12 +312,12 @@ def test_the_log_knows_no_models():
 
 
 def test_nothing_below_roles_imports_roles():
-    _fail_on("roles", "roles use algo, log, weights, models, tasks; none of those imports roles")
+    _fail_on("roles", "roles use algo, log, weights, models, tasks, critic_io; none of those imports roles")
 
 
 def test_nothing_below_the_tools_imports_them():
     _fail_on("tools", "the command-line tools (prime_values/tools) use everything; nothing of algo, log, weights, "
-             "models, tasks or roles imports them")
+             "models, tasks, critic_io or roles imports them")
 
 
 def test_function_local_imports_are_for_heavy_or_optional_dependencies():
