@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_pipeline import BASE, build_v0, launch, seed_run  # noqa: E402
-from prime_values.chaos import chaos  # noqa: E402
+from prime_values.tools.chaos import chaos  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ throughput for the same model size, measured in isolation, side by side, one CPU
 
   generate  prime_values.models.sampling.sample: one inference chunk (prompts_per_step x group_size rollouts)
             from the policy; tokens/s = sampled (policy) tokens / time, as inference's `tokens_per_s`
-  score     the evaluator's forward pass (roles.critic_io.CriticInputs.values, privileged layout) over the same
+  score     the evaluator's forward pass (critic_io.CriticInputs.values, privileged layout) over the same
             rollouts; tokens/s = causal states (every token of the trace) / time, as the evaluator's
             `states_per_s`
 
@@ -50,7 +50,7 @@ def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str 
 
     from prime_values.config import Config
     from prime_values.models import sample
-    from prime_values.roles.critic_io import CriticInputs
+    from prime_values.critic_io import CriticInputs
     from prime_values.rollout import encode_prompts
     from prime_values.roles.inference import build_rows
     from prime_values.tasks import make_task

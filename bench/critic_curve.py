@@ -32,8 +32,8 @@ from critic_oracle import rollout_oracle_values  # noqa: E402
 from prime_values.algo.ema import WeightAverage  # noqa: E402
 from prime_values.algo.gae import explained_variance  # noqa: E402
 from prime_values.config import load_saved  # noqa: E402
+from prime_values.critic_io import CriticInputs, critic_step  # noqa: E402
 from prime_values.models import load_critic, load_policy  # noqa: E402
-from prime_values.roles.critic_io import CriticInputs, critic_step  # noqa: E402
 from prime_values.rollout import sample_and_score  # noqa: E402
 from prime_values.roles.warm_start import initial_critic  # noqa: E402
 from prime_values.tasks import make_task  # noqa: E402

@@ -30,8 +30,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prime_values.algo.gae import explained_variance  # noqa: E402
 from prime_values.config import load_saved  # noqa: E402
+from prime_values.critic_io import CriticInputs  # noqa: E402
 from prime_values.models import load_critic, load_policy  # noqa: E402
-from prime_values.roles.critic_io import CriticInputs  # noqa: E402
 from prime_values.rollout import sample_and_score  # noqa: E402
 from prime_values.tasks import make_task  # noqa: E402
 from prime_values.tasks.pool import training_prompts  # noqa: E402

@@ -153,7 +153,7 @@ def measure_shape(shape: str, device: str, sizes: dict, repeats: int, log) -> li
     from prime_values.models import build
     from prime_values.models.build import critic_values
     from prime_values.models.sampling import sample
-    from prime_values.roles.critic_io import critic_step
+    from prime_values.critic_io import critic_step
     from prime_values.roles.policy_trainer import train_step
 
     vocab = SHAPES[shape][1]["vocab_size"]
@@ -225,7 +225,7 @@ def ratio_check(device: str, arch: dict | None = None, prompts: int = 16, sample
     from prime_values.algo.losses import token_logprobs
     from prime_values.models import build, build_char_tokenizer, build_tiny_policy, load_policy
     from prime_values.models.sampling import sample
-    from prime_values.roles.critic_io import attention_mask, padded
+    from prime_values.critic_io import attention_mask, padded
 
     if model_path:
         from transformers import AutoTokenizer

@@ -23,11 +23,11 @@ from omegaconf import OmegaConf
 from prime_values.config import load_saved, validate
 from prime_values.launch import DEVICE_KEYS, entry, kill_tree, make_executor, resolve_devices, role_gpus, role_procs
 from prime_values.launch.zygote import ZygoteClient
-from prime_values.live import Progress  # the live view (prime_values/live.py)
-from prime_values.report import format_summary, summarise, write_report
 from prime_values.roles import evaluator_name
 from prime_values.rundir import RunDir, write_atomic
-from prime_values.sweep import after_point
+from prime_values.tools.live import Progress  # the live view (prime_values/tools/live.py)
+from prime_values.tools.report import format_summary, summarise, write_report
+from prime_values.tools.sweep import after_point
 from prime_values.wandb_sink import start_forwarder
 from prime_values.weights import latest_version
 

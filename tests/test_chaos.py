@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from e2e_helpers import SMALL, processes_mentioning, seed_version_zero
-from prime_values.chaos import ROLES, chaos
+from prime_values.tools.chaos import ROLES, chaos
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import prime_values.log.segments as segments
-from prime_values.check import check, main
+from prime_values.tools.check import check, main
 from prime_values.log import SegmentWriter, apply_retention
 from prime_values.rundir import RunDir
 from prime_values.weights import publish

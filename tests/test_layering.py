@@ -10,11 +10,14 @@ Rules (each failure names the module, the line and the import):
 2. `prime_values/algo` imports only torch, numpy, the standard library and itself.
 3. `prime_values/log` imports nothing of models, roles, tasks, algo (nor torch, transformers): the log knows no
    models.
-4. Roles use algo, log, weights, models, tasks; none of algo, log, weights, models, tasks imports roles.
+4. Roles use algo, log, weights, models, tasks and critic_io (the critic's inputs and step: library code, not a
+   role); none of those imports roles.
 5. A function-local import is for a heavy or optional dependency only: it must bring in a package of HEAVY or an
    optional extra (setup.cfg) that the importing module does not already import at module level (directly or
    through the modules it imports). Everything else is imported at the top.
-6. The modules the fork server preloads (PRELOAD in prime_values/launch/zygote.py) import no pyarrow, whose
+6. The command-line tools (prime_values/tools: check, show, status, report, ...) may use everything; none of algo,
+   log, weights, models, tasks, critic_io, roles imports them.
+7. The modules the fork server preloads (PRELOAD in prime_values/launch/zygote.py) import no pyarrow, whose
    allocator starts a thread before the zygote forks.
 """
 
@@ -38,7 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 HEAVY = frozenset({"torch", "transformers", "matplotlib", "hydra", "pyarrow", "numpy", "omegaconf", "submitit",
                    "asyncio"})
 ALGO_ALLOWED = frozenset({"torch", "numpy"})
-LOWER = ("algo", "log", "weights", "models", "tasks")  # what roles use; none of them uses roles
+LOWER = ("algo", "log", "weights", "models", "tasks", "critic_io")  # what roles use; none of them uses roles
+BELOW_TOOLS = LOWER + ("roles",)  # none of them imports prime_values.tools
 LOG_FORBIDDEN = ("prime_values.models", "prime_values.roles", "prime_values.tasks", "prime_values.algo", "torch",
                  "transformers", "peft", "vllm")
 
@@ -232,7 +236,7 @@ def violations(root: Path, parsed: tuple | None = None) -> dict[str, list[str]]:
     stdlib = set(sys.stdlib_module_names)
     costly = HEAVY | optional_extras(root / "setup.cfg")
     reported: set[tuple[str, int]] = set()  # one message per statement
-    found: dict[str, list[str]] = {"cycles": [], "algo": [], "log": [], "roles": [], "local": []}
+    found: dict[str, list[str]] = {"cycles": [], "algo": [], "log": [], "roles": [], "tools": [], "local": []}
     for cycle in find_cycles(imports):
         found["cycles"].append(" -> ".join([cycle[0].importer] + [i.target for i in cycle]) + ": " +
                                "; ".join(i.where() for i in cycle))
@@ -250,6 +254,10 @@ def violations(root: Path, parsed: tuple | None = None) -> dict[str, list[str]]:
                 and imp.target.startswith("prime_values.roles")):
             found["roles"].append(f"{imp.where()}: {importer.split('.')[1]} is below roles and must not import "
                                   "them")
+        if (importer.split(".")[1:2] and importer.split(".")[1] in BELOW_TOOLS
+                and imp.target.startswith("prime_values.tools")):
+            found["tools"].append(f"{imp.where()}: {importer.split('.')[1]} is below the command-line tools and must "
+                                  "not import them")
         if imp.local and (imp.importer, imp.line) not in reported:
             reported.add((imp.importer, imp.line))
             have = closure.get(importer, set())
@@ -304,7 +312,12 @@ def test_the_log_knows_no_models():
 
 
 def test_nothing_below_roles_imports_roles():
-    _fail_on("roles", "roles use algo, log, weights, models, tasks; none of those imports roles")
+    _fail_on("roles", "roles use algo, log, weights, models, tasks, critic_io; none of those imports roles")
+
+
+def test_nothing_below_the_tools_imports_them():
+    _fail_on("tools", "the command-line tools (prime_values/tools) use everything; nothing of algo, log, weights, "
+             "models, tasks, critic_io or roles imports them")
 
 
 def test_function_local_imports_are_for_heavy_or_optional_dependencies():
@@ -338,12 +351,14 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
         "__init__.py": "",
         "algo/__init__.py": "import pyarrow\n",
         "log/__init__.py": "from prime_values.models import build\n",
-        "models/__init__.py": "",
+        "models/__init__.py": "from prime_values.tools import check\n",
         "models/build.py": "import torch\n\ndef load():\n    from prime_values.models.lora import merge\n",
         "models/lora.py": "from prime_values.models.build import load\n"
                           "def wrap():\n    import peft\n    import json\n    import torch\n",
         "roles/__init__.py": "",
         "tasks/__init__.py": "def make():\n    from prime_values.roles import x\n",
+        "tools/__init__.py": "",
+        "tools/check.py": "",
         "tool.py": "from prime_values.models.lora import wrap\n"
                    "if __name__ == '__main__':\n    from prime_values.user import y\n",
         "user.py": "from prime_values.tool import z\n",
@@ -357,6 +372,8 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
     assert len(found["log"]) == 1 and found["log"][0].startswith("prime_values.log (line 1: from prime_values.models")
     assert len(found["roles"]) == 1 and found["roles"][0].startswith("prime_values.tasks (line 2: from prime_values"
                                                                      ".roles import x)")
+    assert found["tools"] == ["prime_values.models (line 1: from prime_values.tools import check): models is below "
+                              "the command-line tools and must not import them"]
     local = found["local"]
     assert [x.split(":")[0] for x in local] == ["prime_values.models.build (line 4", "prime_values.models.lora (line 4",
                                                 "prime_values.models.lora (line 5", "prime_values.tasks (line 2"], local

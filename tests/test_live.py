@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from prime_values.live import LiveView, Progress, duration, render
+from prime_values.tools.live import LiveView, Progress, duration, render
 from prime_values.rundir import RunDir
 
 NOW = time.time()
@@ -221,7 +221,7 @@ def test_colocated_scoring_and_many_workers(tmp_path):
 
 
 def test_status_prints_the_view(tmp_path):
-    from prime_values.status import status
+    from prime_values.tools.status import status
 
     run = make_run(tmp_path)
     (run.report / "summary.json").write_text(json.dumps({"status": "finished"}))

@@ -127,7 +127,7 @@ def test_policy_mixed_loss_and_gradients_agree_with_fp32():
 
 def critic_grads(mixed: bool, rows, checkpointing: bool = False):
     from prime_values.models import build_char_tokenizer, build_critic
-    from prime_values.roles.critic_io import critic_step
+    from prime_values.critic_io import critic_step
 
     tok = build_char_tokenizer()
     critic = build.apply_precision(build_critic(None, tok, seed=0, **ARCH).train(), mixed)

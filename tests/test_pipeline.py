@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # every test here runs the whole pipeline of proc
 def assert_roles_did_their_part(run_dir: Path, steps: int, critic: bool, lockstep: bool = False,
                                 plots: bool = False) -> None:
     assert_learned(run_dir, critic=critic, lockstep=lockstep)
-    from prime_values.check import check
+    from prime_values.tools.check import check
 
     invariants = check(run_dir)  # every invariant of the run directory (staleness bound, one batch per step, ...)
     assert invariants.ok, invariants.violations
@@ -59,7 +59,7 @@ def assert_roles_did_their_part(run_dir: Path, steps: int, critic: bool, lockste
         assert "learning.png" in report
     else:
         assert "No plots (log.plots=false)" in report and not list((run_dir / "report").glob("*.png"))
-    from prime_values.status import status
+    from prime_values.tools.status import status
 
     shown = status(run_dir)
     assert "ended, finished" in shown and f"policy step {steps}/{steps}" in shown

@@ -182,7 +182,7 @@ def test_sft_trains_the_eos_even_where_pad_is_eos(smollm):
 @needs_smollm
 def test_the_critic_layout_keeps_bpe_response_ids_verbatim_and_maps_values_back(smollm):
     from prime_values.models import build_critic, critic_values
-    from prime_values.roles.critic_io import CriticInputs
+    from prime_values.critic_io import CriticInputs
 
     tokenizer, model = smollm
     prompt = tokenizer.encode(chat(tokenizer, "What is 17 + 38?"), add_special_tokens=False)
@@ -215,7 +215,7 @@ def test_the_critic_layout_keeps_bpe_response_ids_verbatim_and_maps_values_back(
 def test_hf_sampling_logprobs_match_the_trainers_teacher_forced_logprobs(smollm):
     from prime_values.algo.losses import token_logprobs
     from prime_values.backends.hf import HFBackend
-    from prime_values.roles.critic_io import attention_mask, padded
+    from prime_values.critic_io import attention_mask, padded
 
     tokenizer, model = smollm
     prompts = [tokenizer.encode(chat(tokenizer, q), add_special_tokens=False)
@@ -265,7 +265,7 @@ def test_the_real_model_runs_the_whole_pipeline_for_two_rl_steps(smollm_dir, tmp
 
     from prime_values.algo.losses import token_logprobs
     from prime_values.models import load_critic, load_policy
-    from prime_values.roles.critic_io import CriticInputs, attention_mask, padded
+    from prime_values.critic_io import CriticInputs, attention_mask, padded
 
     run_dir = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}

@@ -11,9 +11,9 @@ import torch
 from omegaconf import OmegaConf
 
 from prime_values.config import Config
+from prime_values.critic_io import CriticInputs
 from prime_values.launch import descendants, resolve_devices
 from prime_values.monitor import MetricsTail
-from prime_values.roles.critic_io import CriticInputs
 from prime_values.roles.orchestrator import GroupJoin, batch_metrics, batch_rows, score_group, score_groups
 from prime_values.roles.policy_trainer import policy_lr
 
@@ -307,7 +307,7 @@ def test_adaptive_lambda_reaches_the_advantages():
 @pytest.mark.parametrize("loss,clip,lambda_value", [("bce", 0.0, 1.0), ("mse", 0.1, 1.0), ("huber", 0.0, 0.5)])
 def test_critic_step_with_each_value_loss(loss, clip, lambda_value):
     from prime_values.models import build_char_tokenizer, build_critic
-    from prime_values.roles.critic_io import critic_step
+    from prime_values.critic_io import critic_step
 
     cfg = OmegaConf.structured(Config)
     cfg.critic.loss, cfg.critic.value_clip, cfg.advantage.lambda_value = loss, clip, lambda_value
@@ -459,7 +459,7 @@ def test_critic_step_targets_with_lambda_below_one_bootstrap_a_cut_trace_as_the_
     computes them from the evaluator's scores of the same critic, and as `advantages_and_targets` defines them."""
     from prime_values.algo.gae import advantages_and_targets
     from prime_values.models import build_char_tokenizer, build_critic
-    from prime_values.roles.critic_io import value_targets
+    from prime_values.critic_io import value_targets
 
     cfg = OmegaConf.structured(Config)
     cfg.critic.loss, cfg.advantage.lambda_value, cfg.advantage.gamma = loss, 0.5, 1.0

@@ -149,7 +149,7 @@ def _job(run_dir: Path, job_id: str):
 
 
 def _wait_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
-    from prime_values.chaos import policy_step
+    from prime_values.tools.chaos import policy_step
 
     deadline = time.monotonic() + timeout
     while policy_step(run_dir) < step:
@@ -164,7 +164,7 @@ def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
     roles share), each role an srun step of it (the policy trainer two processes). A killed role comes back as a
     new step of the same allocation; a requeued allocation (what a node failure or preemption does) resumes the run.
     It finishes, nothing is left queued, and prime_values.check finds nothing lost."""
-    from prime_values.chaos import kill_role
+    from prime_values.tools.chaos import kill_role
 
     run_dir = tmp_path / "run"
     args = [o for o in PIPELINE if not o.startswith(("steps=", "eval_every="))] + ["steps=10", "eval_every=10"]
@@ -207,7 +207,7 @@ def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
         # the first allocation's worker, its replacement step after the kill, the requeued allocation's worker
         assert steps.count("pv_inference0") >= 3, steps
     assert list((run_dir / "jobs" / "policy_trainer").glob("*_1_log.err")), "no second policy trainer process"
-    from prime_values.status import status
+    from prime_values.tools.status import status
 
     shown = status(run_dir)
     assert "(slurm): ended, finished" in shown and "pipeline" in shown, shown
@@ -235,7 +235,7 @@ def test_a_queued_pipeline_says_so(slurm, tmp_path):
     try:
         result = cli(*PIPELINE, "launcher.detach=true", f"hydra.run.dir={run_dir}", timeout=120)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-        from prime_values.status import status
+        from prime_values.tools.status import status
 
         deadline = time.monotonic() + 20
         while "Resources)" not in (shown := status(run_dir)) and time.monotonic() < deadline:  # once scheduled

@@ -231,7 +231,7 @@ def test_verifiers_single_turn_rollouts_masks_and_rubric(vf_envs, tiny):
 
 def test_verifiers_multi_turn_env_tokens_are_masked(vf_envs, tiny):
     from prime_values.algo.gae import gae
-    from prime_values.roles.critic_io import padded
+    from prime_values.critic_io import padded
     from prime_values.roles.inference import generate_rows
 
     tokenizer, model = tiny

@@ -11,11 +11,11 @@ import time
 
 import torch
 
+from prime_values.critic_io import CriticInputs
 from prime_values.log import to_rows
 from prime_values.monitor import Timers
 from prime_values.roles import evaluator_name
 from prime_values.roles.common import RoleContext
-from prime_values.roles.critic_io import CriticInputs
 from prime_values.weights import Adopter
 
 

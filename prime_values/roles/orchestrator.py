@@ -20,10 +20,10 @@ import torch
 from prime_values.algo.gae import (adaptive_lambda, advantages_and_targets, explained_variance, grpo_advantages,
                                    tether_advantages, whiten)
 from prime_values.algo.ev import ev_sums
+from prime_values.critic_io import padded
 from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
-from prime_values.roles.critic_io import padded
 from prime_values.rundir import write_atomic
 from prime_values.weights import latest_version
 

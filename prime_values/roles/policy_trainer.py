@@ -12,10 +12,10 @@ import torch
 
 from prime_values import dist
 from prime_values.algo.losses import ppo_clip_loss, prob_diff_mask_loss, token_logprobs
+from prime_values.critic_io import attention_mask, padded
 from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
-from prime_values.roles.critic_io import attention_mask, padded
 from prime_values.rollout import greedy_accuracy
 from prime_values.rundir import write_atomic
 from prime_values.tasks import make_task

@@ -17,11 +17,11 @@ import torch
 
 from prime_values import dist
 from prime_values.algo.ema import WeightAverage
+from prime_values.critic_io import critic_step
 from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.replay import IngestQueue, ReplayBuffer, dump_snapshot, load_snapshot
 from prime_values.roles.common import RoleContext
-from prime_values.roles.critic_io import critic_step
 from prime_values.roles.evaluator import Scorer
 from prime_values.trainer import Trainer
 from prime_values.weights import version_dir

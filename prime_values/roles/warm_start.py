@@ -17,9 +17,9 @@ import torch
 
 from prime_values.algo.ema import WeightAverage
 from prime_values.algo.gae import gae
+from prime_values.critic_io import critic_step, padded
 from prime_values.log import LogReader, to_rows
 from prime_values.roles.common import RoleContext
-from prime_values.roles.critic_io import critic_step, padded
 from prime_values.roles.inference import env_rows
 from prime_values.rollout import greedy_accuracy, sample_and_score
 from prime_values.rundir import RunDir, write_atomic

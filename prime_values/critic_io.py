@@ -1,4 +1,6 @@
-"""The critic's view of a rollout, shared by the value evaluator (scoring) and the value trainer (training).
+"""The critic's view of a rollout, shared by the value evaluator (scoring), the value trainer and the warm start
+(training): library code the roles use (docs/design.md §6), built on algo and models; the right-padding helpers
+(`padded`, `attention_mask`) serve the policy trainer and the orchestrator too.
 
 The privileged context is folded in as a text block before the whole trace, or between the prompt and the
 response (critic.placement); the trace's token ids are kept verbatim, so the policy tokens are the same tokens

@@ -1,0 +1,179 @@
+"""Chaos run: start a real run, SIGKILL a random role at random moments, and check the run directory after.
+
+    python -m prime_values.chaos --kills 20 --run-dir /tmp/chaos -- +experiment=arith steps=60
+
+The conductor restarts every killed role (launcher.max_restarts, raised here to the number of kills) and each
+role resumes from the run directory; when the run ends, `prime_values.check` must find no violated invariant.
+Prints one line per kill and a final report (kills per role, restarts the conductor made, wall time, check
+result); exits non-zero when the run failed or the check found a violation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from prime_values.launch import descendants
+from prime_values.rundir import RunDir
+
+ROLES = ("inference0", "evaluator", "orchestrator", "policy_trainer", "value_trainer")
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return []
+
+
+def role_pids(run_dir: Path, name: str) -> list[int]:
+    """Processes of one role job. A job started as a fresh process has its job folder (`<run>/jobs/<name>`) on
+    its command line (the folder name ends the path, so 'inference0' never matches 'inference01'); one forked
+    from the run's fork server (launcher.fork_server) has the server's command line, which names the run
+    directory: it is found as the newest job id of the folder (a controller pid) and that pid's descendants."""
+    marker = str(run_dir / "jobs" / name)
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and any(a.rstrip("/") == marker for a in _cmdline(int(proc.name))):
+            found.append(int(proc.name))
+    pickles = sorted((run_dir / "jobs" / name).glob("*_submitted.pkl"), key=lambda p: p.stat().st_mtime)
+    if pickles and pickles[-1].name.split("_")[0].isdigit():
+        pid = int(pickles[-1].name.split("_")[0])
+        if not (run_dir / "jobs" / name / f"{pid}_exit.json").exists() and str(run_dir) in " ".join(_cmdline(pid)):
+            found += [pid, *descendants(pid)]
+    return sorted(set(found))
+
+
+def kill_role(run_dir: Path, name: str) -> bool:
+    pids = role_pids(run_dir, name)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return bool(pids)
+
+
+def policy_step(run_dir: Path) -> int:
+    try:
+        return int((run_dir / "weights" / "policy" / "LATEST").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+# what a role's metrics line says when it has produced something: a rollout segment, scored values, a batch, a
+# policy step, a critic step (each role logs such a line right after publishing it)
+OUTPUT_KEYS = {"inference": "chunk", "evaluator": "scored", "orchestrator": "step", "policy_trainer": "lr",
+               "value_trainer": "critic_step"}
+
+
+def recovery_times(run_dir: Path, killed: list[dict]) -> list[float | None]:
+    """For each kill ({"role", "at"}), seconds from the kill to the killed role's first output after it (its
+    first segment, batch, policy or critic step, from its metrics file); None when it produced none before the
+    run ended."""
+    times = []
+    for kill in killed:
+        key = OUTPUT_KEYS.get(kill["role"].rstrip("0123456789"))
+        path = Path(run_dir) / "metrics" / f"{kill['role']}.jsonl"
+        lines = []
+        for line in (path.read_text(errors="replace").splitlines() if key and path.exists() else []):
+            try:
+                lines.append(json.loads(line))
+            except ValueError:  # the line a killed role was writing
+                continue
+        after = [m["time"] for m in lines if key in m and m.get("time", 0) > kill["at"]]
+        times.append(round(min(after) - kill["at"], 2) if after else None)
+    return times
+
+
+def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.0, max_gap_s: float = 12.0,
+          seed: int = 0, roles: tuple[str, ...] = ROLES, timeout_s: float = 3600, out=sys.stdout,
+          stop_after_steps: int | None = None) -> dict:
+    """Run the experiment with `overrides` in `run_dir`, killing a role `kills` times once RL has started
+    (each role in turn, in a seeded random order, at random gaps).
+    With `stop_after_steps`, once every kill is done the run goes on for that many more policy steps and is then
+    asked to stop (the control file): the kills cannot race the run's own end, however fast the machine (give
+    `steps` more than the kills can take). Returns the report (also written to `<run_dir>/chaos.json`)."""
+    rng = random.Random(seed)
+    run_dir = Path(run_dir).resolve()
+    command = [sys.executable, "-m", "prime_values", *overrides, f"hydra.run.dir={run_dir}",
+               f"launcher.max_restarts={kills + 1}", "launcher.restart_backoff_s=0.5"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    began = time.time()
+    conductor = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done: list[dict] = []
+    run_wall_s = None
+    order = list(roles)
+    rng.shuffle(order)
+    try:
+        while conductor.poll() is None and len(done) < kills and time.time() - began < timeout_s:
+            time.sleep(rng.uniform(min_gap_s, max_gap_s))
+            if policy_step(run_dir) < 1 and not (run_dir / "weights" / "critic" / "1").exists():
+                continue  # RL has not started yet: the roles are still loading
+            order = [r for r in order if (run_dir / "jobs" / r).exists()]  # roles this topology has
+            name = order[len(done) % len(order)]  # every role in turn, in a seeded order
+            if not kill_role(run_dir, name):
+                continue  # between restarts: try again later
+            killed_at = time.time()
+            done.append({"role": name, "at_s": round(killed_at - began, 1), "at": killed_at,
+                         "policy_step": policy_step(run_dir)})
+            print(f"chaos: killed {name} at {done[-1]['at_s']} s (policy step {done[-1]['policy_step']})",
+                  file=out, flush=True)
+        if stop_after_steps is not None and conductor.poll() is None:
+            target = policy_step(run_dir) + stop_after_steps  # every role resumed and the run still progresses
+            while conductor.poll() is None and policy_step(run_dir) < target and time.time() - began < timeout_s:
+                time.sleep(0.2)
+            RunDir(run_dir).request_stop(f"chaos: {len(done)} kills done, {stop_after_steps} policy steps after")
+        output, _ = conductor.communicate(timeout=max(timeout_s - (time.time() - began), 60))
+        run_wall_s = time.time() - began
+    finally:
+        if conductor.poll() is None:
+            conductor.send_signal(signal.SIGINT)
+            conductor.wait(timeout=120)
+            output = ""
+    check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True,
+                           text=True, env=env)
+    for kill, took in zip(done, recovery_times(run_dir, done)):
+        kill["recovered_s"] = took
+    restarts_file = RunDir(run_dir).restarts_file
+    restarts = json.loads(restarts_file.read_text()) if restarts_file.exists() else {}
+    report = {
+        "kills": len(done), "kills_per_role": {r: sum(k["role"] == r for k in done) for r in roles},
+        "restarts_per_role": restarts, "run_returncode": conductor.returncode, "check_returncode": check.returncode,
+        "check_output": check.stdout.strip().splitlines()[-5:], "wall_s": round(time.time() - began, 1),
+        "run_wall_s": round(run_wall_s, 1) if run_wall_s else None,
+        "policy_steps": policy_step(run_dir), "killed": done, "run_output_tail": output.strip().splitlines()[-15:],
+    }
+    (run_dir / "chaos.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     usage="python -m prime_values.chaos [options] -- <overrides>")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--min-gap", type=float, default=4.0, help="seconds between kills, at least")
+    parser.add_argument("--max-gap", type=float, default=12.0, help="seconds between kills, at most")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("overrides", nargs="*", help="the experiment's overrides, e.g. +experiment=arith steps=60")
+    args = parser.parse_args(argv)
+    report = chaos(args.run_dir, args.overrides or ["+experiment=arith"], args.kills, args.min_gap, args.max_gap,
+                   args.seed)
+    print("\n".join(report["run_output_tail"]))
+    print(f"chaos: {report['kills']} kills {report['kills_per_role']}, restarts {report['restarts_per_role']}, "
+          f"run exit {report['run_returncode']}, check exit {report['check_returncode']}, "
+          f"{report['policy_steps']} policy steps in {report['wall_s']} s")
+    print("\n".join(report["check_output"]))
+    return 0 if report["run_returncode"] == 0 and report["check_returncode"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
