@@ -75,6 +75,7 @@ def test_every_field_is_documented():
     assert any(row.startswith("| `advantage.lambda_value` | `1.0` |") for row in rows)
 
 
+@pytest.mark.slow  # 6-11 s on 2 cores (processes or model files): out of the fast tier
 def test_conf_is_found_from_an_installed_package(tmp_path):
     """A non-editable install (wheel contents, no source tree on the path) composes the same config."""
     site = tmp_path / "site"

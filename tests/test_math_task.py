@@ -274,6 +274,7 @@ def _stop_all(pool: VerifierPool) -> list[int]:
     return pids
 
 
+@pytest.mark.slow  # 6-11 s on 2 cores (processes or model files): out of the fast tier
 def test_hung_worker_is_killed_and_replaced(pool):
     stopped = _stop_all(pool)  # a hang no in-process timer can break: only the pool's hard limit helps
     before = dict(pool.stats)

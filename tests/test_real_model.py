@@ -79,6 +79,7 @@ def test_the_conversion_is_a_plain_directory_reused_and_keyed_by_the_files_conte
 
 
 @needs_smollm
+@pytest.mark.slow  # 6-11 s on 2 cores (processes or model files): out of the fast tier
 def test_a_missing_truncated_or_foreign_gguf_fails_in_one_line_before_any_job(tmp_path):
     from prime_values.__main__ import precheck
 

@@ -197,6 +197,7 @@ def _tools() -> list[str]:
     return found
 
 
+@pytest.mark.slow  # 6-11 s on 2 cores (processes or model files): out of the fast tier
 def test_every_tool_answers_help():
     tools = _tools()
     assert {"prime_values.status", "prime_values.chaos", "prime_values.check", "prime_values.report"} <= set(tools)
@@ -222,6 +223,7 @@ def test_cfg_job_prints_a_slurm_config_without_sbatch(tmp_path):
     assert "name: slurm" in result.stdout
 
 
+@pytest.mark.slow  # 6-11 s on 2 cores (processes or model files): out of the fast tier
 def test_jobs_forked_from_the_fork_server(tmp_path):
     """launcher.fork_server: the job runs in a process forked from the pre-imported server (no fresh interpreter),
     with the same exit causes, the run directory on its command line, and nothing left when the server closes."""

@@ -192,6 +192,7 @@ def _runs(mask):
     return out
 
 
+@pytest.mark.slow  # 6-11 s on 2 cores (processes or model files): out of the fast tier
 def test_verifiers_single_turn_rollouts_masks_and_rubric(vf_envs, tiny):
     from prime_values.roles.inference import generate_rows
 

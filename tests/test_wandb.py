@@ -120,6 +120,7 @@ def test_record_to_row_prefixes_and_policy_step():
     assert sweep_group("multirun/2026-11-30/12-28-45") == "2026-11-30/12-28-45"
 
 
+@pytest.mark.slow  # 6-11 s on 2 cores (processes or model files): out of the fast tier
 def test_forwards_every_role_to_one_offline_run(tmp_path):
     run = RunDir(tmp_path / "run")
     run.mkdirs()
