@@ -50,7 +50,9 @@ def test_bench_suite_smoke(tmp_path):
         assert_learned(Path(runs[name][0]["run_dir"]), critic=name != "grpo")
     for case in runs.values():
         fr = case[0]["time_fractions"]["policy_trainer"]
-        assert 0 <= fr["wait"] <= 1 and 0.5 < fr["compute"] + fr["wait"] + fr["io"] <= 1.05, fr
+        # well-formed and not double-counted; no lower bound on their sum: a smoke run's policy trainer lives ~2 s,
+        # up to half of it loading its model before its first step (neither compute, wait nor io)
+        assert 0 <= fr["wait"] <= 1 and fr["compute"] > 0 and fr["compute"] + fr["wait"] + fr["io"] <= 1.05, fr
     assert "evaluator" not in runs["colocated"][0]["time_fractions"]
     text = (tmp_path / "res" / "results.md").read_text()
     assert "| measure | ours | baseline | ratio [spread] | goal | met? |" in text
