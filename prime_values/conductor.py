@@ -194,8 +194,6 @@ def prepare(cfg) -> tuple[RunDir, object, ZygoteClient | None]:
     validate(cfg)  # again here: multirun jobs come through here with their own values
     run = RunDir(HydraConfig.get().runtime.output_dir)
     run.mkdirs()
-    from prime_values.launch.slurm import in_allocation
-
     fork_server = ZygoteClient(run.root) if wants_fork_server(cfg) else None
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     if any(cfg.topology[key] == "auto" for key in DEVICE_KEYS):  # an all-CPU run never imports torch here
