@@ -32,15 +32,26 @@ policy version that was evaluated: the tokens behind the evaluation at step s ar
 versions < s. A critic cell also pays its critic's warm start, `critic_pretrain_generated_tokens` of the warm-start
 metrics (the base's for a privileged cell, its own for a plain one); those rollouts are never in the log.
 
+Each finished run is also kept as a small record, `<records>/ckpt<C>-<sha>/<cell>/seed<S>.json` (default
+`--records bench/records/<experiment>`, which is committed: a grid outlives the machine and the run directories
+it ran on). A record holds what the table and the plot need (the accuracy curve with the tokens behind each
+point, the critic's EV per step, tokens, wall and CPU seconds), the grid's parameters (`grid`: experiment,
+rollouts, steps, eval_every, heldout, overrides; a record of other parameters is ignored, and counted) and
+`<sha>`, the first 12 hex digits of the SHA-256 of the checkpoint's version 0 (policy and critic weights).
+A rerun skips a run that has a record of the same checkpoint sha and grid; a checkpoint whose every asked-for
+run is recorded is not rebuilt. A checkpoint rebuilt on another machine that comes out different (another sha)
+is a different checkpoint: the report keeps its runs apart (target, tokens, seeds), never pools them.
+
 Writes `<out>/equal_budget.md` (the table, the goals), `equal_budget.json` (per run and per cell) and
 `equal_budget.png` (held-out accuracy vs generated tokens, mean and band of +-1 standard deviation over seeds;
-the critic's explained variance vs step).
+the critic's explained variance vs step), all from the records.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -108,6 +119,71 @@ def seed_run(base: Path, run: Path, models: tuple[str, ...]) -> None:
     for model in models:
         shutil.copytree(base / "weights" / model / "0", run / "weights" / model / "0")
         (run / "weights" / model / "LATEST").write_text("0\n")
+
+
+def checkpoint_sha(base: Path) -> str:
+    """First 12 hex digits of the SHA-256 over the base's version-0 files (policy, then critic), name and bytes."""
+    digest = hashlib.sha256()
+    for model in ("policy", "critic"):
+        for path in sorted((base / "weights" / model / "0").rglob("*")):
+            if path.is_file():
+                digest.update(f"{model}/{path.relative_to(base / 'weights' / model / '0')}".encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def grid_key(args) -> dict:
+    """The parameters that make two runs of a cell comparable (a record of other parameters is not counted)."""
+    return {"experiment": args.experiment, "rollouts": args.rollouts, "steps": args.steps,
+            "eval_every": args.eval_every, "heldout": args.heldout, "overrides": list(args.overrides),
+            "smoke": bool(args.smoke)}
+
+
+def record_path(records: Path, ckpt: int, sha: str, cell: str, seed: int) -> Path:
+    return records / f"ckpt{ckpt}-{sha}" / cell / f"seed{seed}.json"
+
+
+def load_records(records: Path, key: dict) -> tuple[list[dict], int]:
+    """Every record under `records` of the grid `key`, and how many records of other grids were left out."""
+    runs, other = [], 0
+    for path in sorted(records.glob("ckpt*/*/seed*.json")) if records.is_dir() else []:
+        rec = json.loads(path.read_text())
+        if rec.get("grid") == key:
+            runs.append(rec)
+        else:
+            other += 1
+    return runs, other
+
+
+def recorded_sha(records: Path, key: dict, ckpt: int, wanted: list[tuple[str, int]]) -> str | None:
+    """The checkpoint sha whose records cover every (cell, seed) in `wanted` (then the base need not be rebuilt)."""
+    for folder in sorted(records.glob(f"ckpt{ckpt}-*")) if records.is_dir() else []:
+        sha = folder.name.split("-", 1)[1]
+        if all(has_record(records, key, ckpt, sha, cell, seed) for cell, seed in wanted):
+            return sha
+    return None
+
+
+def has_record(records: Path, key: dict, ckpt: int, sha: str, cell: str, seed: int) -> bool:
+    path = record_path(records, ckpt, sha, cell, seed)
+    try:
+        return json.loads(path.read_text()).get("grid") == key
+    except (OSError, ValueError):
+        return False
+
+
+def write_record(records: Path, key: dict, run: Path, out: Path, ckpt: int, sha: str) -> dict | None:
+    """The record of a finished run directory (None: not finished, nothing written); written atomically."""
+    rec = read_run(run, out / f"ckpt{ckpt}" / "base", ckpt)
+    if rec is None or rec["status"] != "finished":
+        return None
+    rec.update(run=str(run.relative_to(out)), grid=key, checkpoint_sha=sha, ckpt=f"{ckpt}-{sha}")
+    path = record_path(records, ckpt, sha, rec["cell"], rec["seed"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    os.replace(tmp, path)
+    return rec
 
 
 class HeavyLock:
@@ -180,10 +256,14 @@ def build_smoke_base(base: Path, overrides: list[str]) -> None:
 
 
 def run_grid(args, cells, common: list[str]) -> int:
-    out = Path(args.out)
+    out, records, key = Path(args.out), Path(args.records), grid_key(args)
     failures = 0
     for c in args.ckpt_seeds:
         base = out / f"ckpt{c}" / "base"
+        wanted = [(name, s) for s in args.seeds for name, _, _ in cells]
+        if not base_done(base) and recorded_sha(records, key, c, wanted):
+            print(f"checkpoint {c}: every asked-for run is recorded under {records}; not rebuilt")
+            continue
         if not base_done(base):
             if too_late(args.stop_after):
                 print(f"stop-after {args.stop_after} UTC passed: base of checkpoint {c} not started")
@@ -202,11 +282,15 @@ def run_grid(args, cells, common: list[str]) -> int:
                     print(f"warm start of checkpoint {c} failed: see {out / 'logs'}")
                     failures += 1
                     continue
+        sha = checkpoint_sha(base)
         for s in args.seeds:  # every cell at seed 0 first: a stopped grid still compares all cells
             for name, kind, g in cells:
                 sweep = out / f"ckpt{c}" / name
                 run = sweep / f"seed{s}"
-                if finished(run, args.steps):
+                if has_record(records, key, c, sha, name, s):
+                    continue
+                if finished(run, args.steps):  # finished before its record was written
+                    write_record(records, key, run, out, c, sha)
                     continue
                 if too_late(args.stop_after):
                     print(f"stop-after {args.stop_after} UTC passed: no new run started")
@@ -224,6 +308,8 @@ def run_grid(args, cells, common: list[str]) -> int:
                 if rc != 0 or not finished(run, args.steps):
                     print(f"    run {run} did not finish (rc {rc}); the next invocation restarts it")
                     failures += 1
+                else:
+                    write_record(records, key, run, out, c, sha)
     return failures
 
 
@@ -292,6 +378,8 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
     summary = json.loads((run / "report" / "summary.json").read_text()) if (run / "report" / "summary.json").exists() \
         else {}
     equal = [m["groups_equal_reward"] for m in batches if m.get("groups_equal_reward") is not None]
+    ev = [(m["step"], m["critic_explained_variance"]) for m in batches
+          if isinstance(m.get("critic_explained_variance"), float) and math.isfinite(m["critic_explained_variance"])]
     return {
         "run": str(run), "cell": f"{kind}_g{cfg.inference.group_size}", "kind": kind,
         "group_size": cfg.inference.group_size, "prompts_per_step": cfg.inference.prompts_per_step,
@@ -306,6 +394,7 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
         "critic_cpu_s": critic_cpu, "policy_cpu_s": last(policy, "cpu_s"),
         "final_explained_variance": summary.get("final_explained_variance") if kind != "grpo" else None,
         "groups_equal_reward": statistics.fmean(equal) if equal else None,
+        "ev_curve": ev if kind != "grpo" else [],  # (step, the orchestrator's critic EV on that batch)
     }
 
 
@@ -422,11 +511,8 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
         acc_ax.fill_between(tokens, [m - d for m, d in zip(mean, sd)], [m + d for m, d in zip(mean, sd)],
                             color=color, alpha=0.15, lw=0)
         for r in rs:
-            orch = [m for m in read_metrics(Path(r["run"]) / "metrics" / "orchestrator.jsonl")
-                    if isinstance(m.get("critic_explained_variance"), float)
-                    and math.isfinite(m["critic_explained_variance"])]
-            if orch:
-                ev_ax.plot([m["step"] for m in orch], [m["critic_explained_variance"] for m in orch], color=color,
+            if r["ev_curve"]:
+                ev_ax.plot([s for s, _ in r["ev_curve"]], [e for _, e in r["ev_curve"]], color=color,
                            lw=0.6, alpha=0.7, label=name if r is rs[0] else None)
     targets = {r["target"] for r in runs if r.get("target") is not None}
     for t in targets:
@@ -443,17 +529,27 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def report(out: Path, command: str) -> dict:
-    runs = []
+def sync_records(out: Path, records: Path, key: dict) -> None:
+    """Records for the finished run directories under `out` that have none yet (a grid run by older code)."""
     for base in sorted(out.glob("ckpt*/base")):
-        ckpt = int(base.parent.name[len("ckpt"):])
+        if not base_done(base):
+            continue
+        ckpt, sha = int(base.parent.name[len("ckpt"):]), checkpoint_sha(base)
         for run in sorted(base.parent.glob("*/seed*")):
-            r = read_run(run, base, ckpt)
-            if r is not None and r["status"] == "finished":
-                runs.append(r)
+            if (run / "config.yaml").exists() and not has_record(records, key, ckpt, sha, run.parent.name,
+                                                                   int(run.name[len("seed"):])):
+                write_record(records, key, run, out, ckpt, sha)
+
+
+def report(out: Path, command: str, records: Path, key: dict) -> dict:
+    sync_records(out, records, key)
+    runs, other = load_records(records, key)
     summary = summarize(runs)
+    shas = sorted({r["ckpt"] for r in runs})
     lines = ["# Equal budget: held-out accuracy per generated token", "", f"`{command}`", "",
-             f"{len(runs)} finished runs under `{out}`. Target: the mean final held-out accuracy of the grpo_g8 runs "
+             f"{len(runs)} finished runs recorded under `{records}` (checkpoints {', '.join(shas) or '-'}"
+             f"{f'; {other} records of other grid parameters left out' if other else ''}). Target: the mean final "
+             "held-out accuracy of the grpo_g8 runs "
              "of the same checkpoint; tokens to target = generated policy tokens (rollout log, every rollout, plus "
              "the critic's warm start) behind the first evaluation at or above it (a run that never reaches it "
              "counts its whole budget). Critic EV: pooled over each run's last 10 batches. All-equal groups: the "
@@ -481,6 +577,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", type=int, default=500, help="task.heldout_size (default 500)")
     ap.add_argument("--seeds", default="0", help="RL seeds, comma-separated (default 0)")
     ap.add_argument("--ckpt-seeds", default="0", help="checkpoint (warm-start) seeds (default 0)")
+    ap.add_argument("--records", default=None,
+                    help="directory of the per-run records (default bench/records/<experiment>, committed; "
+                         "--smoke: <out>/records)")
     ap.add_argument("--lock", default="/tmp/pv-heavy.lock", help="heavy-work lock file held per run ('' = none)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
     ap.add_argument("--stop-after", default=None, help="HH:MM UTC: start no run after it")
@@ -496,9 +595,10 @@ def main(argv: list[str] | None = None) -> int:
               *args.overrides]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    args.records = args.records or str(out / "records" if args.smoke else ROOT / "bench" / "records" / args.experiment)
     command = "python bench/equal_budget.py " + " ".join(argv if argv is not None else sys.argv[1:])
     failures = 0 if args.report_only else run_grid(args, cells, common)
-    report(out, command)
+    report(out, command, Path(args.records), grid_key(args))
     return 1 if failures else 0
 
 

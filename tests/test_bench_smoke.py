@@ -1,6 +1,7 @@
 """The log benchmark still runs end to end (tiny sizes) and prints its ratio lines."""
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -187,11 +188,18 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     sys.path.insert(0, str(ROOT / "bench"))
     import equal_budget
 
-    root = tmp_path / "grid"
+    root, records = tmp_path / "grid", tmp_path / "records"
+    key = {"experiment": "arith", "rollouts": 8, "steps": 20, "eval_every": 10, "heldout": 500, "overrides": [],
+           "smoke": False}
     base = root / "ckpt0" / "base"
     (base / "metrics").mkdir(parents=True)
     (base / "metrics" / "warm_start.jsonl").write_text(json.dumps(
         {"time": 1.0, "critic_pretrain_rollouts": 4, "critic_pretrain_generated_tokens": 100}) + "\n")
+    for model in ("policy", "critic"):
+        (base / "weights" / model / "0").mkdir(parents=True)
+        (base / "weights" / model / "0" / "model.safetensors").write_bytes(model.encode())
+    (base / "report").mkdir()
+    (base / "report" / "summary.json").write_text("{}")
     # grpo_g8: rollouts of versions 0, 0, 9, 19, 20 with 1..5 policy tokens; the evaluation at step 10 stands on
     # versions < 10 (1 + 2 + 3 = 6 tokens), step 20 on 6 + 4 = 10; version 20 (5 tokens, in flight at the end)
     # is in the log total (15) but behind no evaluation. Final accuracy 0.5 is the target.
@@ -199,7 +207,7 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     # gae_g1 reaches 0.5 at step 10: its tokens there = the base's critic warm start (100) + 1 + 2 + 3
     _budget_run(root, "gae_g1", 0, "gae", 1, (0.3, 0.55, 0.6), (0, 0, 9, 19, 20))
     _budget_run(root, "gae_g1", 1, "gae", 1, (0.3, 0.45, 0.4), (0, 0, 9, 19, 20), status="stopped")  # left out
-    summary = equal_budget.report(root, "python bench/equal_budget.py --out grid")
+    summary = equal_budget.report(root, "python bench/equal_budget.py --out grid", records, key)
     assert summary["grpo_g8"]["tokens_to_target"] == [10] and summary["gae_g1"]["tokens_to_target"] == [106]
     run = json.loads((root / "equal_budget.json").read_text())["runs"][0]
     assert run["log_tokens"] == 15 and run["log_rollouts"] == 5 and run["dropped_stale"] == 1
@@ -209,9 +217,34 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     text = (root / "equal_budget.md").read_text()
     assert "| gae_g1 | 8 x 1 | 1 | 1 | 106 +- - | 10.60 |" in text and "NOT MET" in text
     assert (root / "equal_budget.png").stat().st_size > 10_000
+    # the records outlive the run directories (another machine): the same table from them alone
+    sha = equal_budget.checkpoint_sha(base)
+    assert sorted(p.relative_to(records).as_posix() for p in records.rglob("*.json")) == \
+        [f"ckpt0-{sha}/gae_g1/seed0.json", f"ckpt0-{sha}/grpo_g8/seed0.json"]
+    assert equal_budget.has_record(records, key, 0, sha, "gae_g1", 0)
+    assert not equal_budget.has_record(records, {**key, "steps": 30}, 0, sha, "gae_g1", 0)
+    assert equal_budget.recorded_sha(records, key, 0, [("grpo_g8", 0), ("gae_g1", 0)]) == sha
+    assert equal_budget.recorded_sha(records, key, 0, [("gae_g1", 1)]) is None  # the stopped run has none
+    shutil.rmtree(root)
+    (root / "ckpt0").mkdir(parents=True)
+    again = equal_budget.report(root, "python bench/equal_budget.py --out grid", records, key)
+    assert again == summary
+    # a record of other grid parameters is left out, and said; a rebuilt checkpoint with other weights is another
+    # checkpoint (its own target), never pooled with the first
+    other = json.loads((records / f"ckpt0-{sha}" / "grpo_g8" / "seed0.json").read_text())
+    (records / "ckpt0-ffffffffffff" / "grpo_g8").mkdir(parents=True)
+    (records / "ckpt0-ffffffffffff" / "grpo_g8" / "seed0.json").write_text(json.dumps(
+        {**other, "ckpt": "0-ffffffffffff", "final_accuracy": 0.9}))
+    (records / "ckpt0-ffffffffffff" / "grpo_g8" / "seed1.json").write_text(json.dumps({**other, "grid": {}}))
+    mixed = equal_budget.report(root, "python bench/equal_budget.py --out grid", records, key)
+    assert mixed["grpo_g8"]["runs"] == 2 and mixed["grpo_g8"]["tokens_to_target"] == [10, 10]
+    assert mixed["gae_g1"]["tokens_to_target"] == [106]  # against its own checkpoint's target, 0.5
+    assert "1 records of other grid parameters left out" in (root / "equal_budget.md").read_text()
     # resumable: finished after --steps is kept, anything else (stopped, fewer steps) is redone
+    grpo = _budget_run(root, "grpo_g8", 0, "grpo", 8, (0.3, 0.4, 0.5), (0, 0, 9, 19, 20), equal=0.25)
+    stopped = _budget_run(root, "gae_g1", 1, "gae", 1, (0.3, 0.45, 0.4), (0, 0, 9, 19, 20), status="stopped")
     assert equal_budget.finished(grpo, 20) and not equal_budget.finished(grpo, 30)
-    assert not equal_budget.finished(root / "ckpt0" / "gae_g1" / "seed1", 20)
+    assert not equal_budget.finished(stopped, 20)
     with pytest.raises(SystemExit, match="does not divide"):
         equal_budget.parse_cells("gae:3", 128)
 
@@ -232,3 +265,8 @@ def test_equal_budget_grid_runs_g1_and_g2_and_a_rerun_skips_finished_runs(tmp_pa
     assert summary["gae_g1"]["tokens_final_mean"] > 0 and summary["grpo_g2"]["groups_equal_reward_mean"] is not None
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "-> rc" not in again.stdout, again.stdout[-3000:]
+    # the run directories gone (another machine), the records kept: nothing is rerun or rebuilt, the same table
+    shutil.rmtree(tmp_path / "grid" / "ckpt0")
+    third = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0 and "-> rc" not in third.stdout and "not rebuilt" in third.stdout, third.stdout
+    assert json.loads((tmp_path / "grid" / "equal_budget.json").read_text())["summary"] == summary
