@@ -25,6 +25,8 @@ one from scratch (its run directory is removed and re-seeded: its figures then c
 
 Cells (`--cells`, `<kind>:<G>`, prompts per step = `--rollouts` / G): `grpo` (group mean), `gae` (privileged
 critic), `tether` (privileged critic blended with the group mean), `plain` (gae with critic.privileged=false).
+A cell may carry its own overrides after '@' (the learning-rate grid: `grpo:8@policy.lr=5e-5,gae:4@policy.lr=5e-5`,
+named grpo_g8_policy.lr5e-5, gae_g4_policy.lr5e-5); the target stays the plain grpo_g8 cell's.
 
 Generated tokens are counted from the rollout log, not from the config: every rollout inference wrote (the
 warm-up ones the orchestrator dropped and stale ones included), policy tokens only (`policy_mask`), up to the
@@ -83,21 +85,27 @@ SMOKE = ["task.digits=1", "task.min_digits=1", "replay.min_rollouts=8", "critic.
          "critic.warm_start.steps=5", "critic.warm_start.rollouts=32", "launcher.poll_s=0.2"]
 
 
-def parse_cells(text: str, rollouts: int) -> list[tuple[str, str, int]]:
-    """'grpo:8,gae:1' -> [(name, kind, G)]; G must divide the rollouts per step."""
+def parse_cells(text: str, rollouts: int) -> list[tuple[str, str, int, list[str]]]:
+    """'grpo:8,gae:1,gae:4@policy.lr=5e-5' -> [(name, kind, G, extra overrides)]; G must divide the rollouts per
+    step. A cell's own overrides follow '@' (several: '@a=1@b=2') and name it: gae_g4_policy.lr5e-5."""
     cells = []
     for item in text.split(","):
-        kind, _, g = item.strip().partition(":")
+        spec, *extra = item.strip().split("@")
+        kind, _, g = spec.partition(":")
         if kind not in KINDS or not g.isdigit() or int(g) < 1:
-            raise SystemExit(f"--cells: {item!r} is not <kind>:<G> with kind one of {', '.join(KINDS)} and G >= 1")
+            raise SystemExit(f"--cells: {item!r} is not <kind>:<G>[@key=value...] with kind one of "
+                             f"{', '.join(KINDS)} and G >= 1")
         if rollouts % int(g):
             raise SystemExit(f"--cells: G={g} does not divide --rollouts={rollouts} (prompts x samples per step)")
-        cells.append((f"{kind}_g{g}", kind, int(g)))
+        if any("=" not in o or not set(o) <= set("abcdefghijklmnopqrstuvwxyz0123456789_.=-") for o in extra):
+            raise SystemExit(f"--cells: {item!r}: what follows '@' must be key=value overrides of [a-z0-9_.-]")
+        name = f"{kind}_g{g}" + "".join(f"_{o.split('=', 1)[0]}{o.split('=', 1)[1]}" for o in extra)
+        cells.append((name, kind, int(g), extra))
     return cells
 
 
-def cell_overrides(kind: str, g: int, rollouts: int) -> list[str]:
-    return [*KINDS[kind], f"inference.group_size={g}", f"inference.prompts_per_step={rollouts // g}"]
+def cell_overrides(kind: str, g: int, rollouts: int, extra: list[str] = ()) -> list[str]:
+    return [*KINDS[kind], f"inference.group_size={g}", f"inference.prompts_per_step={rollouts // g}", *extra]
 
 
 def finished(run: Path, steps: int) -> bool:
@@ -260,7 +268,7 @@ def run_grid(args, cells, common: list[str]) -> int:
     failures = 0
     for c in args.ckpt_seeds:
         base = out / f"ckpt{c}" / "base"
-        wanted = [(name, s) for s in args.seeds for name, _, _ in cells]
+        wanted = [(name, s) for s in args.seeds for name, *_ in cells]
         if not base_done(base) and recorded_sha(records, key, c, wanted):
             print(f"checkpoint {c}: every asked-for run is recorded under {records}; not rebuilt")
             continue
@@ -284,7 +292,7 @@ def run_grid(args, cells, common: list[str]) -> int:
                     continue
         sha = checkpoint_sha(base)
         for s in args.seeds:  # every cell at seed 0 first: a stopped grid still compares all cells
-            for name, kind, g in cells:
+            for name, kind, g, extra in cells:
                 sweep = out / f"ckpt{c}" / name
                 run = sweep / f"seed{s}"
                 if has_record(records, key, c, sha, name, s):
@@ -298,7 +306,7 @@ def run_grid(args, cells, common: list[str]) -> int:
                 shutil.rmtree(run, ignore_errors=True)
                 seed_run(base, run, ("policy",) if kind == "plain" else ("policy", "critic"))
                 try:
-                    rc = child(["-m", *common, *cell_overrides(kind, g, args.rollouts), f"seed={s}",
+                    rc = child(["-m", *common, *cell_overrides(kind, g, args.rollouts, extra), f"seed={s}",
                                 f"steps={args.steps}", f"eval_every={args.eval_every}", f"hydra.sweep.dir={sweep}",
                                 f"hydra.sweep.subdir=seed{s}"],
                                out / "logs" / f"ckpt{c}_{name}_seed{s}.txt", args.timeout, args.lock, args.stop_after)
@@ -381,7 +389,7 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
     ev = [(m["step"], m["critic_explained_variance"]) for m in batches
           if isinstance(m.get("critic_explained_variance"), float) and math.isfinite(m["critic_explained_variance"])]
     return {
-        "run": str(run), "cell": f"{kind}_g{cfg.inference.group_size}", "kind": kind,
+        "run": str(run), "cell": run.parent.name, "kind": kind,  # the cell is the sweep directory's name
         "group_size": cfg.inference.group_size, "prompts_per_step": cfg.inference.prompts_per_step,
         "ckpt": ckpt, "seed": cfg.seed, "steps": trained[-1]["step"], "status": summary.get("status"),
         "curve": [(s, a, tokens_before[s]) for s, a in evals],  # (step, held-out accuracy, tokens behind it)
@@ -429,7 +437,7 @@ def summarize(runs: list[dict], reference: str = "grpo_g8") -> dict:
         cells[r["cell"]].append(r)
     order = {k: i for i, k in enumerate(KINDS)}
     out = {}
-    for name, rs in sorted(cells.items(), key=lambda kv: (order[kv[1][0]["kind"]], -kv[1][0]["group_size"])):
+    for name, rs in sorted(cells.items(), key=lambda kv: (order[kv[1][0]["kind"]], -kv[1][0]["group_size"], kv[0])):
         tok, tok_se = _mean_se([r["tokens_to_target"] for r in rs])
         acc, acc_se = _mean_se([r["final_accuracy"] for r in rs])
         out[name] = {
