@@ -215,7 +215,12 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     assert summary["gae_g1"]["critic_cpu_s_mean"] == 30 and summary["gae_g1"]["runs"] == 1
     assert summary["gae_g1"]["tokens_ratio"] == pytest.approx(10.6)
     text = (root / "equal_budget.md").read_text()
-    assert "| gae_g1 | 8 x 1 | 1 | 1 | 106 +- - | 10.60 |" in text and "NOT MET" in text
+    assert "| gae_g1 | 8 x 1 | 1 | 1 | 106 +- - | 10.60 | 1, 106 +- - | 10.60 |" in text and "NOT MET" in text
+    # smoothed over 3 evaluations: grpo_g8's target is (0.3 + 0.4 + 0.5) / 3 = 0.4, which its trailing means
+    # (0.3, 0.35, 0.4) reach at step 20 (10 tokens); gae_g1's (0.3, 0.425, 0.483) at step 10 (106)
+    assert run["target_smooth"] == pytest.approx(0.4) and summary["grpo_g8"]["tokens_to_target_smooth"] == [10]
+    assert summary["gae_g1"]["tokens_to_target_smooth"] == [106]
+    assert text.count("NOT MET") == 2
     assert (root / "equal_budget.png").stat().st_size > 10_000
     # the records outlive the run directories (another machine): the same table from them alone
     sha = equal_budget.checkpoint_sha(base)
