@@ -43,24 +43,28 @@ def _overrides(argv: list[str]) -> list[str]:
     return result
 
 
-def _allowed_keys(full_key: str) -> list[str]:
+def _allowed_keys(full_key: str, composed=None) -> list[str]:
+    """The keys beside `full_key`: in `composed` (the config without the bad override: its task's keys), else in
+    the schema."""
     from omegaconf import OmegaConf
 
     from prime_values.config import Config
 
-    node = OmegaConf.structured(Config)
+    node = composed if composed is not None else OmegaConf.structured(Config)
     parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
     for part in filter(None, parent.split(".")):
         node = node[part]
-    return sorted(node.keys())
+    return sorted(str(k) for k in node.keys())
 
 
-def explain(error: BaseException) -> str:
-    """One sentence for a composition/validation error: the key, what was wrong, what is allowed."""
+def explain(error: BaseException, composed=None) -> str:
+    """One sentence for a composition/validation error: the key, what was wrong, what is allowed (`composed`: the
+    config as composed without the override that failed, whose keys are the allowed ones)."""
     from hydra.errors import MissingConfigException
     from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
     from prime_values.config import ConfigError
+    from prime_values.config.task import owner_of
 
     if isinstance(error, ConfigError):
         return str(error)
@@ -68,11 +72,18 @@ def explain(error: BaseException) -> str:
     while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
         cause = cause.__cause__
     unknown = re.match(r"Could not override '([^']+)'", str(error))
-    if unknown or (isinstance(cause, ConfigKeyError) and getattr(cause, "full_key", None)):
-        key = unknown.group(1) if unknown else cause.full_key
-        allowed = _allowed_keys(key)
-        near = difflib.get_close_matches(key.rsplit(".", 1)[-1], allowed, n=1)
-        hint = f" (did you mean '{near[0]}'?)" if near else ""
+    in_file = re.match(r"In '([^']+)': ConfigKeyError.*full_key: (\S+)", " ".join(str(error).split()))
+    if unknown or in_file or (isinstance(cause, ConfigKeyError) and getattr(cause, "full_key", None)):
+        key = unknown.group(1) if unknown else in_file.group(2) if in_file else cause.full_key
+        allowed = _allowed_keys(key, composed if unknown else None) if not in_file else []
+        name = key.rsplit(".", 1)[-1]
+        owners = owner_of(name) if key.startswith("task.") else []
+        near = difflib.get_close_matches(name, allowed, n=1)
+        hint = f" (a key of task={' / task='.join(owners)}: choose that task with task={owners[0]})" if owners \
+            else f" (did you mean '{near[0]}'?)" if near else ""
+        if in_file:  # a config file (an experiment) sets a key the chosen option (a task) does not have
+            return f"config key '{key}' set by {in_file.group(1)} is not a key of this config{hint}; choose the " \
+                   f"options that file was written for, or drop it"
         section = key.rsplit(".", 1)[0] + "." if "." in key else ""
         return f"unknown config key '{key}'{hint}; allowed keys under '{section or '<root>'}': {', '.join(allowed)}"
     if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
@@ -95,6 +106,7 @@ def precheck(argv: list[str]) -> str | None:
     from prime_values.stages import validate_stages
 
     register()
+    overrides = []
     try:
         overrides = _overrides(argv)
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -103,8 +115,24 @@ def precheck(argv: list[str]) -> str | None:
         validate(cfg, environment=environment)
         validate_stages(cfg, environment=environment)
     except Exception as error:  # every user-caused problem becomes one line
-        return explain(error)
+        return explain(error, _composed_without(error, overrides))
     return None
+
+
+def _composed_without(error: BaseException, overrides: list[str]):
+    """The config composed without the override an unknown-key error names (its keys are the allowed ones:
+    the chosen task's), or None."""
+    from hydra import compose, initialize_config_dir
+
+    unknown = re.match(r"Could not override '([^']+)'", str(error))
+    if not unknown:
+        return None
+    rest = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != unknown.group(1)]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose(config_name="config", overrides=rest)
+    except Exception:  # noqa: BLE001 - another problem: the schema's keys
+        return None
 
 
 def main() -> None:

@@ -1,0 +1,40 @@
+"""`resolved.*`: facts derived from other keys, resolved once when the run is prepared (`resolve`: the conductor,
+before it saves the run's config.yaml) and read from there by the roles and tools, so no call site derives them
+again. `load_saved` derives them for a run saved before they existed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import MISSING, OmegaConf
+
+
+@dataclass
+class Resolved:
+    """Derived when the run is prepared and saved with it (a value given on the command line is replaced)."""
+
+    uses_critic: bool = MISSING
+    """the run has a critic (value trainer, evaluators, critic warm start): advantage.estimator != 'grpo'"""
+    lockstep: bool = MISSING
+    """the lockstep schedule runs: schedule.mode == 'lockstep'"""
+    max_off_policy: int = MISSING
+    """the staleness bound the run enforces: 0 under lockstep, else schedule.max_off_policy"""
+
+
+def derive(cfg) -> dict:
+    """The `resolved` section of `cfg` (every fact from the keys it is derived from)."""
+    lockstep = cfg.schedule.mode == "lockstep"
+    return {"uses_critic": cfg.advantage.estimator != "grpo", "lockstep": lockstep,
+            "max_off_policy": 0 if lockstep else int(cfg.schedule.max_off_policy)}
+
+
+def resolve(cfg, only_missing: bool = False):
+    """Write `derive(cfg)` into cfg.resolved (`only_missing`: keep the facts a saved config already has)."""
+    facts = derive(cfg)
+    if only_missing and "resolved" in cfg:
+        facts = {k: v for k, v in facts.items() if k not in cfg.resolved or OmegaConf.is_missing(cfg.resolved, k)}
+        for key, value in facts.items():
+            cfg.resolved[key] = value
+        return cfg
+    cfg.resolved = facts
+    return cfg

@@ -1,0 +1,65 @@
+"""`inference.*`: sampling (group size, batch, temperature) and the backend that samples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict
+
+from prime_values import backends
+from prime_values.config.base import ConfigError, choice, ranged
+
+
+@dataclass
+class InferenceConfig:
+    backend: str = choice("hf", "hf", "vllm", "auto")
+    """'hf' (transformers, any device), 'vllm' (vLLM's offline engine, versions adopted in place; the optional
+    extra prime_values[vllm]; docs/inference.md; fails before launch when vLLM is not installed), or 'auto' (vllm
+    where it imports, hf otherwise; each inference worker logs the choice and the reason in one line)"""
+    dtype: str = choice("float32", "auto", "float32", "bfloat16", "float16")
+    """vllm: the engine's dtype; float32 gives the logprobs the fp32 trainer recomputes, bfloat16 / float16 are
+    faster on a GPU ('auto': vLLM's choice, which downcasts fp32 checkpoints)"""
+    vllm_args: Dict[str, Any] = field(default_factory=dict)
+    """vllm: extra keyword arguments of vllm.LLM, e.g. {gpu_memory_utilization: 0.3, max_model_len: 4096,
+    enforce_eager: true} (a CPU engine's KV cache defaults to kv_cache_memory_bytes=1 GiB)"""
+    group_size: int = ranged(8, ">= 1")
+    """completions sampled per prompt (one group); >= 1, and >= 2 for advantage=grpo (gae and tether baseline a
+    group of one with the critic)"""
+    prompts_per_step: int = ranged(16, ">= 1")
+    """prompts per policy step across all workers; a batch has prompts_per_step x group_size rollouts"""
+    temperature: float = ranged(1.0, "> 0")
+    """sampling temperature (the policy trainer recomputes logprobs at the same temperature)"""
+    max_new_tokens: int = ranged(8, ">= 1")
+    """generation cap; a rollout that hits it ends with stop_reason 'length' and is scored as is"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        inference = cfg.inference
+        if inference.group_size < 2 and cfg.advantage.estimator == "grpo":
+            raise ConfigError(f"inference.group_size={inference.group_size} must be >= 2 for advantage=grpo (a group "
+                              "mean of one is the reward: every advantage would be 0); raise inference.group_size or "
+                              "use advantage=gae or tether, whose critic baselines a group of one")
+        if environment:
+            InferenceConfig.check_backend(cfg)
+        workers = cfg.topology.inference_workers
+        if inference.prompts_per_step % workers:
+            raise ConfigError(f"inference.prompts_per_step={inference.prompts_per_step} must be divisible by "
+                              f"topology.inference_workers={workers} (each worker owns an equal slice)")
+
+    @staticmethod
+    def check_backend(cfg) -> None:
+        """inference.backend: installed (one line saying how to install it), and what it can serve."""
+        name, tp = cfg.inference.backend, cfg.topology.inference_tp
+        problem = backends.missing(name)
+        if problem:
+            raise ConfigError(problem)
+        if name == "auto":  # what the workers will pick (they check that vLLM really imports, and log the choice)
+            name, why = backends.choose(cfg, try_import=False)
+            if tp > 1 and name != "vllm":
+                raise ConfigError(f"topology.inference_tp={tp} needs vLLM, but inference=auto picks hf here ({why}); "
+                                  "set topology.inference_tp=1 or install vLLM")
+        if tp < 1 or (tp > 1 and name != "vllm"):
+            raise ConfigError(f"topology.inference_tp={tp} must be >= 1, and > 1 only with inference=vllm (the hf "
+                              "backend runs on one device)")
+        if name == "vllm" and cfg.task.name == "verifiers":
+            raise ConfigError("task=verifiers rolls out its episodes through the transformers model; use "
+                              "inference=hf with it (inference=vllm samples single-turn replies)")

@@ -1,0 +1,89 @@
+"""`launcher.*`: where the jobs run (local subprocesses or SLURM), restarts, and the SLURM request."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from typing import Optional
+
+from prime_values.config.base import ConfigError, choice, free, ranged
+
+
+@dataclass
+class LauncherConfig:
+    name: str = choice("local", "local", "slurm")
+    """'local': every role a subprocess of this machine; 'slurm': the rl stage is one sbatch job sized for every
+    role at once (it starts whole or not at all), whose conductor runs each role as an srun step of it"""
+    poll_s: float = ranged(0.5, "> 0")
+    """how often the conductor checks jobs and refreshes progress"""
+    stop_grace_s: float = ranged(30.0, ">= 0")
+    """after the stop file is written, how long roles get to finish before they are cancelled"""
+    timeout_min: int = ranged(120, ">= 1")
+    """wall-clock limit of every role job"""
+    max_restarts: int = ranged(5, ">= 0")
+    """the restart budget, a rate: a role that fails (crash, kill, node failure, preemption) is resubmitted at once
+    from its state in the run directory, up to this many times per role within any restart_window_s; one more
+    failure in that window fails the run (0 = fail the run at the first failure)"""
+    restart_window_s: Optional[float] = ranged(3600.0, ("> 0", " (seconds), or null to count restarts over the "
+                                                               "whole run"))
+    """the window of the restart budget in seconds: restarts older than this no longer count (null = the whole run,
+    i.e. at most max_restarts restarts per role per run)"""
+    restart_backoff_s: float = ranged(2.0, ">= 0")
+    """a failed role is restarted at once; one that fails again before it came up (no heartbeat since its start: a
+    crash loop) waits this long before its next restart, doubled for each further such failure (at most 60 s)"""
+    fork_server: bool = True
+    """local: fork every role job from one process that has imported torch and transformers already (a restarted
+    role is working in about a second instead of paying 5-15 s of imports); false = a fresh Python process each"""
+    detach: bool = False
+    """submit a conductor job that runs the roles (restarts, stop, summary) and return at once; follow the run
+    with `python -m prime_values.status <run_dir>`, stop it with `... status <run_dir> --stop` (rl stage only)"""
+    partition: Optional[str] = None
+    """slurm: partition (null = the cluster's default)"""
+    account: Optional[str] = None
+    """slurm: account to charge"""
+    qos: Optional[str] = None
+    """slurm: quality of service"""
+    constraint: Optional[str] = None
+    """slurm: node feature constraint"""
+    extra_sbatch: dict = field(default_factory=dict)
+    """slurm: further #SBATCH options, e.g. {mail-type: END, exclusive: true} (true = a bare flag)"""
+    setup: list = field(default_factory=list)
+    """slurm: shell lines run before the role starts, e.g. ['module load cuda/12.4']"""
+    cpus_per_task: int = free(1, "SLURM refuses a request it cannot meet, in its own words")
+    """slurm: CPUs per role process, for sizing the pipeline's allocation when launcher.cpus is null, and per job of
+    the sft/eval stages (threads within a role: topology.threads_per_role)"""
+    cpus: Optional[int] = ranged(None, (">= 1", ", or null to size the allocation from launcher.cpus_per_task"))
+    """slurm: CPUs of the pipeline's allocation, shared by its roles (null = cpus_per_task per role process plus one
+    for the conductor); a pipeline no node of the partition can hold fails before submission, in one line"""
+    mem_gb: Optional[int] = free(None, "SLURM refuses a request it cannot meet, in its own words")
+    """slurm: memory of the pipeline's allocation and of each stage job (null = the cluster's default per CPU)"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        if cfg.launcher.name != "slurm" or not environment:
+            return
+        _check_slurm(cfg.launcher)
+        from prime_values.launch.slurm import fit_problem, pipeline_request
+
+        problem = fit_problem(pipeline_request(cfg), cfg.launcher.partition)  # a node can hold the whole pipeline
+        if problem:
+            raise ConfigError(problem)
+
+
+def _check_slurm(launcher) -> None:
+    """launcher=slurm: the client commands exist, and a partition is named or the cluster has a default one."""
+    if launcher.partition is not None and not str(launcher.partition).strip():
+        raise ConfigError("launcher.partition is empty; name a partition (sinfo lists them) or set it to null for "
+                          "the cluster's default")
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        raise ConfigError("launcher=slurm needs the SLURM client commands (sbatch, sinfo) on this machine; run on a "
+                          "login node, or try launchers/local_slurm/start.sh")
+    listed = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30).stdout.split()
+    names = [p.rstrip("*") for p in listed]
+    if launcher.partition is None and not any(p.endswith("*") for p in listed):
+        raise ConfigError(f"launcher.partition is null but the cluster has no default partition; set "
+                          f"launcher.partition to one of: {', '.join(names) or '(sinfo lists none)'}")
+    if launcher.partition is not None and names and launcher.partition not in names:
+        raise ConfigError(f"launcher.partition={launcher.partition!r} is not a partition of this cluster; "
+                          f"choose one of: {', '.join(names)}")

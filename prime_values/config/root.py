@@ -1,0 +1,173 @@
+"""The root of the schema (`Config`: the run-wide keys and one section per module of this package), its
+registration with Hydra, `validate` (each section's rules and checks in turn) and `load_saved`."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from prime_values.config.advantage import AdvantageConfig
+from prime_values.config.base import ConfigError, check_fields, free, ranged
+from prime_values.config.critic import CriticConfig
+from prime_values.config.derived import Resolved, resolve
+from prime_values.config.inference import InferenceConfig
+from prime_values.config.launcher import LauncherConfig
+from prime_values.config.log import LogConfig
+from prime_values.config.policy import LoraSettings, PolicyConfig, TinyArch
+from prime_values.config.replay import ReplayConfig
+from prime_values.config.schedule import ScheduleConfig
+from prime_values.config.stages import EvalConfig, SFTConfig
+from prime_values.config.task import TASK_CONFIGS, TASK_NAMES, ArithTaskConfig, TaskConfig, owner_of
+from prime_values.config.topology import TopologyConfig
+from prime_values.config.wandb import WandbConfig
+
+
+@dataclass
+class Config:
+    seed: int = free(0, "any integer seeds the run")
+    """seed of every role's random streams (each role/worker derives its own)"""
+    steps: int = ranged(200, ">= 1")
+    """policy-trainer steps (= batches = published policy versions after 0)"""
+    eval_every: int = ranged(25, ">= 1")
+    """policy steps between held-out evaluations (also at the first and last step)"""
+    time_budget_min: float = ranged(0.0, (">= 0", " (0 = no budget: all steps run)"))
+    """0 = run all `steps`; else the policy trainer's last step is the one after which one more step and the final
+    held-out evaluation would end past this many minutes from the run's start (its config.yaml: launch or
+    resume), then it evaluates and finishes: `steps` becomes a cap (+experiment=smollm: 30 minutes on 2 cores)"""
+    stages: List[str] = field(default_factory=lambda: ["rl"])
+    """the experiment's stages in order, from 'sft', 'rl', 'eval'; each starts from the model the one before
+    produced; a stage with `<run>/stages/<name>/done.json` is skipped on a rerun (docs/stages.md)"""
+    stage: Optional[str] = None
+    """run only this stage, starting from policy.model (e.g. stage=eval policy.model=<dir>); null = all stages"""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """the policy model and its training (config/policy.py)"""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """the critic and its training (config/critic.py)"""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    """the critic's replay buffer (config/replay.py)"""
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    """the advantage estimator (config/advantage.py)"""
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    """roles, devices and processes (config/topology.py)"""
+    task: TaskConfig = field(default_factory=ArithTaskConfig)
+    """the task; its keys depend on the `task` group's choice (config/task.py)"""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """sampling (config/inference.py)"""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """asynchronous or lockstep (config/schedule.py)"""
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    """local or SLURM jobs (config/launcher.py)"""
+    log: LogConfig = field(default_factory=LogConfig)
+    """retention and plots (config/log.py)"""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """the sft stage (config/stages.py)"""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """the eval stage (config/stages.py)"""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases (config/wandb.py)"""
+    resolved: Resolved = field(default_factory=Resolved, metadata={"derived": True})
+    """facts derived from the keys above when the run is prepared (config/derived.py)"""
+
+
+
+
+def register() -> None:
+    """Register the schema so `conf/config.yaml` can extend it (`defaults: [prime_values_schema, ...]`), and each
+    task's schema as `schema/task/<name>`, which conf/task/<name>.yaml extends."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="prime_values_schema", node=Config(task=TaskConfig()))
+    for name, cls in TASK_CONFIGS.items():
+        store.store(group="schema/task", name=name, node=cls)
+
+
+def task_class(cfg) -> type[TaskConfig]:
+    """The config class of cfg's task: the one the `task` group chose, else the one task.name names."""
+    name = cfg.task.name
+    chosen = OmegaConf.get_type(cfg.task) if isinstance(cfg.task, DictConfig) else None
+    if isinstance(chosen, type) and issubclass(chosen, TaskConfig) and chosen is not TaskConfig:
+        own = chosen.__dataclass_fields__["name"].default
+        if name != own and name in TASK_NAMES:
+            raise ConfigError(f"task.name={name} does not match the task group's choice task={own} (whose keys "
+                              f"task.* are); choose the task with task={name} instead of task.name={name}")
+        return chosen
+    return TASK_CONFIGS.get(name, TaskConfig)
+
+
+def schema(task: type[TaskConfig] = ArithTaskConfig) -> DictConfig:
+    """The whole schema with the keys of `task`, every key at its default."""
+    return OmegaConf.structured(Config(task=task()))
+
+
+def load_saved(path: str | os.PathLike):
+    """A run's saved ``config.yaml`` on the current schema: keys added since the run get their defaults (so tools
+    can read them and override them), and the derived `resolved` facts the file lacks are derived; a config the
+    schema no longer accepts (a key removed since) is returned as written (with the derived facts)."""
+    cfg = OmegaConf.load(path)
+    name = cfg.get("task", {}).get("name") if isinstance(cfg.get("task"), DictConfig) else None
+    task = TASK_CONFIGS.get(name, ArithTaskConfig)
+    if name in TASK_CONFIGS:  # a run saved before each task had its own keys holds every task's: keep its own
+        own = set(task.__dataclass_fields__)
+        for key in [k for k in cfg.task if k not in own and owner_of(str(k))]:
+            del cfg.task[key]
+    try:
+        cfg = OmegaConf.merge(schema(task), cfg)
+    except Exception:  # noqa: BLE001 - any schema mismatch: the config as written
+        pass
+    try:
+        return resolve(cfg, only_missing=True)
+    except Exception:  # noqa: BLE001 - a config too old or too odd to derive from: as it is
+        return cfg
+
+
+def _no_unknown_keys(node, schema_node, prefix: str = "") -> None:
+    """`+key=value` adds keys the schema lacks: each is one line naming it and the keys allowed there."""
+    for key in node.keys():
+        if key not in schema_node.keys():
+            allowed = sorted(str(k) for k in schema_node.keys())
+            owners = owner_of(str(key)) if prefix == "task." else []
+            near = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (a key of task={' / task='.join(owners)}: choose that task with task={owners[0]})" if owners \
+                else f" (did you mean '{near[0]}'?)" if near else ""
+            raise ConfigError(f"unknown config key '{prefix}{key}'{hint}; remove it or use one of the keys under "
+                              f"'{prefix or '<root>'}': {', '.join(allowed)}")
+        if OmegaConf.is_missing(schema_node, key):  # a derived fact (resolved.*): filled when the run is prepared
+            continue
+        if isinstance(schema_node[key], DictConfig) and isinstance(node[key], DictConfig) and \
+                OmegaConf.get_type(schema_node[key]) is not dict:  # a free-form dict (task.env_args) holds any key
+            _no_unknown_keys(node[key], schema_node[key], f"{prefix}{key}.")
+
+
+def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) -> None:
+    """Checks a type cannot express. Raises ConfigError with one sentence naming the key and what is allowed.
+    `environment=False` (`--cfg job`, composing for another machine) leaves out the checks of this machine: the
+    SLURM commands, installed backends and extras, data sets, directories, CUDA devices; they belong to the launch."""
+    task = task_class(cfg)
+    if isinstance(cfg, DictConfig):
+        _no_unknown_keys(cfg, schema(task))
+    check_fields(cfg, Config, sections={"task": task})
+    for check in CHECKS:
+        check(cfg, environment)
+    TopologyConfig.check_devices(cfg, cuda_count, environment)
+
+
+def _check_task(cfg, environment: bool) -> None:
+    task_class(cfg).check(cfg, environment)
+
+
+def _check_lora(cfg, environment: bool) -> None:
+    for role, trainer in (("policy", "policy_trainer"), ("critic", "value_trainer")):
+        LoraSettings.check(cfg, role, trainer, environment)
+
+
+# Each section's cross-field checks, in the order validate runs them (after every field's own rules).
+CHECKS = (LauncherConfig.check, CriticConfig.check, PolicyConfig.check, PolicyConfig.check_attention,
+          TinyArch.check, InferenceConfig.check, ReplayConfig.check, _check_task, _check_lora, ScheduleConfig.check,
+          TopologyConfig.check, EvalConfig.check, WandbConfig.check)
+
+

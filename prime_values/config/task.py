@@ -1,0 +1,261 @@
+"""`task.*`: one config class per task, chosen by the `task` group (conf/task/<name>.yaml starts from the schema
+`schema/task/<name>` that `register` stores). `TaskConfig` holds what every task has; a key of another task is
+unknown here (`task.dataset=x` with task=arith fails in one line, naming the task that has it)."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Optional
+
+from prime_values.config.base import ConfigError, choice, free, ranged
+from prime_values.tasks import make_task
+from prime_values.tasks.math import MathDataError, resolve_source
+from prime_values.tasks.pool import PromptPool
+from prime_values.tasks.reasoning_gym import ANSWER_FORMATS, ReasoningGymError, check_chat_source, check_dataset
+from prime_values.tasks.reverse_text import ReverseTextTask
+
+TASK_NAMES = ("arith", "reverse_text", "math", "reasoning_gym", "verifiers")
+
+
+@dataclass
+class TaskConfig:
+    """The keys every task has."""
+
+    name: str = choice("arith", *TASK_NAMES)
+    """task: 'arith' (procedural arithmetic, verified exactly), 'reverse_text' (reverse a generated string, partial
+    credit), 'math' (GSM8K/MATH-style data, math-verify), 'reasoning_gym' (problems a reasoning-gym generator
+    makes offline, final answer checked by math-verify) or 'verifiers' (an environment of the `verifiers` package);
+    chosen with the group (task=math), which brings that task's keys"""
+    heldout_size: int = ranged(200, ">= 1")
+    """size of the fixed held-out evaluation set (never trained on)"""
+    train_pool: int = ranged(0, ">= 0")
+    """0 = every RL prompt drawn fresh from the task's training stream; N = RL prompts (inference and the critic's
+    warm-start rollouts) come from a fixed pool of N distinct training problems drawn once with task.seed, visited
+    again and again like a dataset's epochs (the supervised warm start keeps the stream)"""
+    seed: int = free(1234, "any integer seeds the held-out set")
+    """seed of the held-out set (the training stream uses the run seed)"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        """The task's own cross-field checks (each task class has its own)."""
+
+    @staticmethod
+    def check_pool(cfg) -> None:
+        """task.train_pool distinct problems exist (cheap to draw here, before any job)."""
+        if cfg.task.train_pool:
+            try:
+                PromptPool(make_task(**cfg.task), cfg.task.train_pool, cfg.task.seed)
+            except ValueError as error:
+                raise ConfigError(f"task ({cfg.task.name}): {error}") from None
+
+
+@dataclass
+class ArithTaskConfig(TaskConfig):
+    """Procedural arithmetic, verified exactly; the privileged context is the reference answer."""
+
+    name: str = choice("arith", *TASK_NAMES)
+    digits: int = ranged(2, ">= 1")
+    """digits per operand (each operand uniform in [0, 10**digits))"""
+    min_digits: int = free(0, "0..digits: ArithTaskConfig.check")
+    """arith: 0 = off; else each operand draws its digit count uniformly from min_digits..digits first, so every
+    difficulty comes in equal shares (1..digits: one-digit problems as common as the longest ones)"""
+    operands: int = ranged(2, ">= 1")
+    """numbers per problem"""
+    ops: str = "+"
+    """operators drawn from, any of '+-*'"""
+    show_work: bool = False
+    """arith: the answer is every running result left to right, comma-separated ('12+34+56=' -> '46,102'),
+    and the privileged critic sees that worked solution (needs operands >= 3 to matter; ops from '+-')"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        task = cfg.task
+        if task.show_work and "*" in task.ops:
+            raise ConfigError(f"task.show_work=true needs task.ops from '+-' (got {task.ops!r}): running results "
+                              "are left to right")
+        if not 0 <= task.min_digits <= task.digits:
+            raise ConfigError(f"task.min_digits={task.min_digits} must be in 0..task.digits ({task.digits}); "
+                              "0 draws operands uniformly from [0, 10**digits)")
+        for bad in set(task.ops) - set("+-*"):
+            raise ConfigError(f"task.ops={task.ops!r} contains {bad!r}; use characters from '+-*'")
+        TaskConfig.check_pool(cfg)
+
+
+@dataclass
+class ReverseTextTaskConfig(TaskConfig):
+    """Reverse a generated string ("hello|" -> "olleh"); partial credit (1 - normalised edit distance)."""
+
+    name: str = choice("reverse_text", *TASK_NAMES)
+    min_chars: int = free(3, "1..max_chars: ReverseTextTaskConfig.check builds the task")
+    """reverse_text: shortest generated string"""
+    max_chars: int = free(6, "min_chars.., below inference.max_new_tokens: ReverseTextTaskConfig.check")
+    """reverse_text: longest generated string (the answer is as long; keep inference.max_new_tokens > it)"""
+    alphabet: str = "abcdefghijklmnopqrstuvwxyz"
+    """reverse_text: characters the strings are drawn from (printable, no spaces, no '|')"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        task = cfg.task
+        try:
+            ReverseTextTask(task.min_chars, task.max_chars, task.alphabet, task.heldout_size, task.seed)
+        except ValueError as error:
+            raise ConfigError(f"task (reverse_text): {error}") from None
+        if cfg.inference.max_new_tokens <= task.max_chars:
+            raise ConfigError(f"inference.max_new_tokens={cfg.inference.max_new_tokens} cannot hold a "
+                              f"{task.max_chars}-character answer and its eos; raise it above task.max_chars")
+        TaskConfig.check_pool(cfg)
+
+
+@dataclass
+class VerifiedTaskConfig(TaskConfig):
+    """The keys of the tasks whose final answer math-verify checks in a worker pool (math, reasoning_gym)."""
+
+    prompt_template: str = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
+    """math, reasoning_gym: policy prompt; {question} is replaced, other braces are literal"""
+    privileged_solution: bool = True
+    """math, reasoning_gym: the critic also sees the reference solution (reasoning_gym: the generator's steps or
+    expression, where its metadata has them), not only the reference answer"""
+    max_response_chars: int = free(1024, "a hint the task reports, not a limit")
+    """math, reasoning_gym: what task.max_answer_chars() reports (generation-budget hint)"""
+    verifier_workers: int = free(2, "the verifier pool checks it when it starts")
+    """math, reasoning_gym: math-verify worker processes"""
+    verifier_timeout_s: float = free(3.0, "the verifier pool checks it when it starts")
+    """math, reasoning_gym: per-check limit (fractions fine); +1 s grace, then the worker is killed and replaced"""
+    verifier_batch_timeout_s: float = free(60.0, "the verifier pool checks it when it starts")
+    """math, reasoning_gym: total deadline of one score_many batch; unfinished checks score 0"""
+    verifier_max_chars: int = free(4096, "the verifier pool checks it when it starts")
+    """math, reasoning_gym: responses are cut to their last N characters before checking"""
+    verifier_memory_mb: Optional[int] = free(4096, "the verifier pool checks it when it starts")
+    """math, reasoning_gym: address-space limit per verifier worker (null: none)"""
+
+
+@dataclass
+class MathTaskConfig(VerifiedTaskConfig):
+    """GSM8K / MATH-style problems through HF datasets, answers checked by math-verify."""
+
+    name: str = choice("math", *TASK_NAMES)
+    data: str = ""
+    """math: local .jsonl/.json/.parquet/.csv file or directory, or a hub dataset name (e.g. openai/gsm8k)"""
+    split: str = "train"
+    """math: split of a hub dataset (a local file is its own split)"""
+    data_config: Optional[str] = None
+    """math: hub dataset config name ('main' for openai/gsm8k)"""
+    heldout_data: Optional[str] = None
+    """math: separate held-out source (default: heldout_size prompts carved out of data)"""
+    heldout_split: str = "test"
+    """math: split of heldout_data when it is a hub name"""
+    data_cache_dir: Optional[str] = None
+    """math: HF datasets cache directory (default: HF_HOME)"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        if not environment:
+            return
+        if importlib.util.find_spec("math_verify") is None or importlib.util.find_spec("datasets") is None:
+            raise ConfigError("task.name=math needs math-verify and datasets: pip install 'prime_values[math]' "
+                              "(or pip install -e '.[math]' in a checkout)")
+        for key in ("data", "heldout_data"):
+            if key == "data" or cfg.task[key]:
+                try:
+                    resolve_source(cfg.task[key], f"task.{key}", cfg.task.data_cache_dir)
+                except MathDataError as error:
+                    raise ConfigError(str(error)) from None
+
+
+@dataclass
+class ReasoningGymTaskConfig(VerifiedTaskConfig):
+    """Problems a reasoning-gym generator makes offline, the final answer checked by math-verify."""
+
+    name: str = choice("reasoning_gym", *TASK_NAMES)
+    dataset: str = ""
+    """reasoning_gym: the generator's name in reasoning_gym.factory.DATASETS (chain_sum, basic_arithmetic,
+    gsm_symbolic, ...); an unknown name fails before any job starts, listing the close matches"""
+    dataset_args: Dict[str, Any] = field(default_factory=dict)
+    """reasoning_gym: the generator's config fields, e.g. {min_terms: 2, max_terms: 2, min_digits: 1,
+    max_digits: 2} for chain_sum"""
+    dataset_size: int = free(5000, "more than heldout_size: ReasoningGymTaskConfig.check")
+    """reasoning_gym: problems generated (with task.seed); the distinct questions, minus the held-out ones, are
+    the training pool"""
+    answer_format: str = choice("boxed", *ANSWER_FORMATS)
+    """reasoning_gym: where the reward reads the final answer: 'boxed' (the last \\boxed{...}) or 'answer_line'
+    (the last line 'Answer: ...'); say the same in task.prompt_template. No final answer: reward 0"""
+    chat: bool = True
+    """reasoning_gym: render the prompt with task.chat_tokenizer's chat template (one user turn plus the
+    generation prompt); false: the template text as it is"""
+    chat_tokenizer: str = ""
+    """reasoning_gym: tokenizer whose chat template renders prompts (a from_pretrained directory or hub id;
+    conf/task/reasoning_gym.yaml sets it to ${policy.model})"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        task = cfg.task
+        if importlib.util.find_spec("math_verify") is None:
+            raise ConfigError("task.name=reasoning_gym needs math-verify: pip install 'prime_values[reasoning_gym]' "
+                              "(or pip install -e '.[reasoning_gym]' in a checkout)")
+        try:
+            check_dataset(task.dataset)
+        except ReasoningGymError as error:
+            raise ConfigError(str(error)) from None
+        if "{question}" not in task.prompt_template:
+            raise ConfigError(f"task.prompt_template={task.prompt_template!r} must contain '{{question}}'")
+        if task.dataset_size <= task.heldout_size:
+            raise ConfigError(f"task.dataset_size={task.dataset_size} must exceed task.heldout_size="
+                              f"{task.heldout_size}: the held-out problems are carved out of the generated ones")
+        if task.chat and not task.chat_tokenizer:
+            raise ConfigError("task.chat=true needs task.chat_tokenizer (the policy's tokenizer, ${policy.model}); "
+                              "or set task.chat=false")
+        if task.chat:
+            try:
+                check_chat_source(task.chat_tokenizer)
+            except ReasoningGymError as error:
+                raise ConfigError(str(error)) from None
+
+
+@dataclass
+class VerifiersTaskConfig(TaskConfig):
+    """An environment of the `verifiers` package, rolled out in-process against the policy's own sampler."""
+
+    name: str = choice("verifiers", *TASK_NAMES)
+    env_id: str = ""
+    """verifiers: the environment (taskset) id as `verifiers` resolves it: an importable module exporting its
+    Taskset subclass via __all__ (an installed environment package: 'reverse-text'; 'owner/name@version' installs
+    as 'name') or a built-in taskset"""
+    env_args: Dict[str, Any] = field(default_factory=dict)
+    """verifiers: the taskset's config fields (its TasksetConfig), e.g. {dataset_split: train}"""
+    env_class: str = ""
+    """verifiers: an explicit Env id, e.g. 'user-sim' (default: the Env the taskset's module exports, else the
+    single-agent env)"""
+    max_turns: int = ranged(8, ">= 1")
+    """verifiers: most policy turns per rollout (an agent's own max_turns, when set, is used instead)"""
+    privileged_field: str = "answer"
+    """verifiers: the task-data field the critic may see (e.g. the reference answer); empty or absent: nothing"""
+    env_pool: int = ranged(4096, ">= 1")
+    """verifiers: tasks read from an infinite taskset (bounded ones are read whole) before the held-out split"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        if not environment:
+            return
+        from prime_values.tasks.verifiers_env import VerifiersUnavailable, check_env_id
+
+        try:
+            check_env_id(cfg.task.env_id, cfg.task.env_class)
+        except VerifiersUnavailable as error:
+            raise ConfigError(str(error)) from None
+
+
+TASK_CONFIGS: dict[str, type[TaskConfig]] = {
+    "arith": ArithTaskConfig, "reverse_text": ReverseTextTaskConfig, "math": MathTaskConfig,
+    "reasoning_gym": ReasoningGymTaskConfig, "verifiers": VerifiersTaskConfig}
+assert tuple(TASK_CONFIGS) == TASK_NAMES
+
+
+def task_keys(name: str) -> list[str]:
+    """The keys of task `name` (every key when it is not a task)."""
+    return [f.name for f in fields(TASK_CONFIGS.get(name, TaskConfig))]
+
+
+def owner_of(key: str) -> list[str]:
+    """The tasks that have key `key` (for the message about a key of another task)."""
+    return [name for name, cls in TASK_CONFIGS.items() if key in {f.name for f in fields(cls)}]

@@ -1,0 +1,97 @@
+"""`topology.*`: which role runs where and in how many processes; the device checks of this machine."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from prime_values.config.base import ConfigError, choice, free, ranged
+from prime_values.config.policy import ROLE_DEVICES
+
+
+@dataclass
+class TopologyConfig:
+    name: str = "cpu"
+    """name of the topology preset (informational)"""
+    evaluator: str = choice("dedicated", "dedicated", "colocated")
+    """'dedicated': the value evaluator is its own job; 'colocated': it is served inside the value trainer"""
+    evaluators: int = free(1, "1..inference_workers: TopologyConfig.check")
+    """dedicated evaluator jobs: evaluator k scores the rollouts of inference workers w with w % evaluators == k
+    and writes values shard e<k> (at most inference_workers; 1 when colocated)"""
+    inference_workers: int = ranged(1, ">= 1")
+    """inference jobs, each with its own log shard and slice of the prompt stream"""
+    inference_device: str = "cpu"
+    """device of each inference worker: 'cpu', 'cuda:<i>', or 'auto' (a GPU per role while GPUs last, else CPU)"""
+    inference_tp: int = free(1, ">= 1, and > 1 only with vLLM: InferenceConfig.check_backend")
+    """tensor-parallel ranks of each inference worker (inference=vllm only): that many GPUs, consecutive from
+    inference_device (cuda:2 with 2 uses cuda:2 and cuda:3; on SLURM the job asks for that many GPUs)"""
+    evaluator_device: str = "cpu"
+    """device of the dedicated value evaluator"""
+    policy_trainer_device: str = "cpu"
+    """device of the policy trainer"""
+    value_trainer_device: str = "cpu"
+    """device of the value trainer (and of the evaluator when colocated)"""
+    threads_per_role: int = ranged(1, ">= 1")
+    """torch CPU threads per role (roles share the machine's cores)"""
+    policy_trainer_procs: int = ranged(1, ">= 1")
+    """processes of the policy trainer: > 1 trains with torch.distributed + FSDP2, one process per GPU (GPUs
+    consecutive from policy_trainer_device: cuda:2 with 2 processes uses cuda:2 and cuda:3; on SLURM the job
+    asks for that many GPUs and tasks), or gloo processes sharing the CPU; rank 0 reads batches and publishes"""
+    value_trainer_procs: int = ranged(1, ">= 1")
+    """processes of the value trainer, as policy_trainer_procs (> 1 needs evaluator=dedicated)"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        topo = cfg.topology
+        if topo.evaluators < 1 or topo.evaluators > topo.inference_workers:
+            raise ConfigError(f"topology.evaluators={topo.evaluators} must be between 1 and topology.inference_workers="
+                              f"{topo.inference_workers} (each evaluator scores the rollouts of its own inference "
+                              "workers)")
+        if topo.evaluators > 1 and topo.evaluator == "colocated":
+            raise ConfigError(f"topology.evaluators={topo.evaluators} needs topology.evaluator=dedicated (a colocated "
+                              "evaluator is one scorer inside the value trainer)")
+        if topo.value_trainer_procs > 1 and topo.evaluator == "colocated":
+            raise ConfigError(f"topology.value_trainer_procs={topo.value_trainer_procs} needs "
+                              "topology.evaluator=dedicated (a colocated evaluator scores inside one process)")
+
+    @staticmethod
+    def check_devices(cfg, cuda_count: Optional[int], environment: bool) -> None:
+        """Every role's device exists on this machine (`cuda_count` GPUs: None = count them when a role asks for
+        a GPU), with a GPU per process of a multi-process role."""
+        topo = cfg.topology
+        if cuda_count is None and os.environ.get("PRIME_VALUES_CUDA_COUNT", "").isdigit():
+            cuda_count = int(os.environ["PRIME_VALUES_CUDA_COUNT"])  # compose for another machine (e.g. --cfg job)
+        if cuda_count is None and not environment:
+            cuda_count = 1 << 16  # composing for another machine (PRIME_VALUES_CUDA_COUNT unset): any device may exist
+        if cuda_count is None and any(topo[f"{r}_device"] != "cpu" for r in ROLE_DEVICES):
+            import torch  # an all-CPU run never imports torch here (~2.5 s)
+
+            cuda_count = torch.cuda.device_count()
+        if cfg.launcher.name == "slurm" or cuda_count is None:
+            cuda_count = 1 << 16  # every SLURM job gets its own GPUs (as many as its processes): any index is
+            # job-local; or every device is the CPU, and no index is checked
+        for role in ROLE_DEVICES:
+            _check_device(f"topology.{role}_device", topo[f"{role}_device"], cuda_count)
+        for role, key in (("policy_trainer", "policy_trainer_procs"), ("value_trainer", "value_trainer_procs"),
+                          ("inference", "inference_tp")):
+            device, procs = topo[f"{role}_device"], topo[key]
+            if procs > 1 and device.startswith("cuda:") and int(device[5:]) + procs > cuda_count:
+                first = int(device[5:])
+                raise ConfigError(f"topology.{key}={procs} needs one GPU per process (rank), cuda:{first}..cuda:"
+                                  f"{first + procs - 1} from topology.{role}_device={device}, but this machine has "
+                                  f"{f'cuda:0..cuda:{cuda_count - 1}' if cuda_count else 'no CUDA device'}; lower "
+                                  f"topology.{key} or start from a lower device")
+
+
+def _check_device(key: str, device: str, cuda_count: int) -> None:
+    if device in ("cpu", "auto"):
+        return
+    if device.startswith("cuda:") and device[5:].isdigit():
+        index = int(device[5:])
+        if index < cuda_count:
+            return
+        have = f"cuda:0..cuda:{cuda_count - 1}" if cuda_count else "no CUDA device"
+        raise ConfigError(f"{key}={device} asks for a GPU that does not exist (this machine has {have}); "
+                          f"use cpu" + (f" or one of cuda:0..cuda:{cuda_count - 1}" if cuda_count else ""))
+    raise ConfigError(f"{key}={device!r} is not a device; use 'cpu', 'auto' or 'cuda:<index>'")
