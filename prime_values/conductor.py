@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
-from prime_values.config import load_saved, validate
+from prime_values.config import load_saved, resolve, validate
 from prime_values.launch import DEVICE_KEYS, entry, kill_tree, make_executor, resolve_devices, role_gpus, role_procs
 from prime_values.launch.zygote import ZygoteClient
 from prime_values.roles import evaluator_name
@@ -77,7 +77,7 @@ class Fleet:
 
     def start_roles(self) -> None:
         topo = self.cfg.topology
-        with_critic = self.cfg.advantage.estimator != "grpo"
+        with_critic = self.cfg.resolved.uses_critic
         for worker in range(topo.inference_workers):
             self.submit(f"inference{worker}", "inference", topo.inference_device, worker)
         if with_critic and topo.evaluator == "dedicated":
@@ -200,6 +200,7 @@ def prepare(cfg) -> tuple[RunDir, object, ZygoteClient | None]:
         import torch
 
         resolve_devices(cfg.topology, torch.cuda.device_count())
+    resolve(cfg)  # the derived facts (resolved.*), once: the roles and tools read them from config.yaml
     write_atomic(run.config, OmegaConf.to_yaml(cfg))
     if run.stop_requested():
         run.stop_file.unlink()  # a rerun in the same directory resumes

@@ -64,7 +64,7 @@ def compose(overrides: list[str]):
     config.validate(cfg, cuda_count=0)
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     resolve_devices(cfg.topology, 0)
-    return cfg
+    return config.resolve(cfg)  # resolved.*: as the conductor saves them
 
 
 def checkpoint() -> Path:

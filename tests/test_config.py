@@ -127,7 +127,7 @@ def test_inference_backend_checks(monkeypatch):
                      "+inference.vllm_args.max_model_len=64"]) is None
     assert "only with inference=vllm" in precheck(["+experiment=arith", "topology.inference_tp=2"])
     assert "must be >= 1" in precheck(["+experiment=arith", "inference=vllm", "topology.inference_tp=0"])
-    assert "use inference=hf" in precheck(["+experiment=arith", "inference=vllm", "task=verifiers",
+    assert "use inference=hf" in precheck(["+experiment=embedded", "inference=vllm", "task=verifiers",
                                            "task.env_id=reverse-text"])
     assert "inference.dtype='fp8' is not allowed" in precheck(["+experiment=arith", "inference=vllm",
                                                                "inference.dtype=fp8"])

@@ -170,11 +170,10 @@ def tiny():
 
 
 def _cfg(group_size=4, max_new_tokens=6, **task):
-    from prime_values.config import Config
+    from prime_values.config import VerifiersTaskConfig, schema
 
-    cfg = OmegaConf.structured(Config)
+    cfg = schema(VerifiersTaskConfig)
     cfg.inference.group_size, cfg.inference.max_new_tokens = group_size, max_new_tokens
-    cfg.task.name = "verifiers"
     for key, value in task.items():
         cfg.task[key] = value
     return cfg

@@ -19,6 +19,7 @@ from typing import Any
 
 import submitit
 
+from prime_values.config.derived import derive
 from prime_values.launch.local import _tail, last_error_line, result_error, signal_name
 from prime_values.launch.topology import role_gpus, role_procs
 
@@ -214,7 +215,7 @@ def in_allocation() -> bool:
 
 def pipeline_processes(cfg) -> list[tuple[str, int, int]]:
     """(role job, processes, GPUs) of every role the rl stage runs at once (the warm start runs before them)."""
-    topo, with_critic = cfg.topology, cfg.advantage.estimator != "grpo"
+    topo, with_critic = cfg.topology, derive(cfg)["uses_critic"]  # also before the run is prepared (validate)
     roles = [(f"inference{w}", "inference", topo.inference_device) for w in range(topo.inference_workers)]
     if with_critic and topo.evaluator == "dedicated":
         roles += [(f"evaluator{i}" if i else "evaluator", "evaluator", topo.evaluator_device)

@@ -37,7 +37,7 @@ class Scorer:
         self.writer = ctx.writer("values", f"e{index}")
         self.scored = 0
         self.timers = timers or Timers()
-        self.lockstep = ctx.cfg.schedule.mode == "lockstep"
+        self.lockstep = ctx.cfg.resolved.lockstep
         self.pending = []  # lockstep: polled segments waiting for a critic that trained on the previous batch
 
     def needed_version(self) -> int:

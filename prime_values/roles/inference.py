@@ -75,7 +75,7 @@ class WarmupOffset:
     def __init__(self, ctx: RoleContext) -> None:
         w, self.run = ctx.cfg.critic.warmup, ctx.run
         self.path = ctx.state / "warmup_offset"
-        enabled = ctx.cfg.advantage.estimator != "grpo" and (w.min_version > 0 or w.min_explained_variance is not None)
+        enabled = ctx.cfg.resolved.uses_critic and (w.min_version > 0 or w.min_explained_variance is not None)
         self._offset = int(self.path.read_text()) if self.path.exists() else (None if enabled else 0)
 
     @property
@@ -115,8 +115,7 @@ def generate(ctx: RoleContext, backend, shard: str) -> None:
     chunk = writer.next_seq  # resumes after the last published segment
     paused_s = 0.0
     warmup = WarmupOffset(ctx)
-    # lockstep (schedule.mode): chunk c waits for policy version c, i.e. max_off_policy = 0
-    max_off_policy = 0 if cfg.schedule.mode == "lockstep" else cfg.schedule.max_off_policy
+    max_off_policy = cfg.resolved.max_off_policy  # lockstep: 0, chunk c waits for policy version c
 
     while not ctx.stopping():
         step = chunk + 1 - warmup.offset(chunk)  # the policy step this chunk is generated for

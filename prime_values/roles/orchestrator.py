@@ -328,8 +328,7 @@ def main(run_dir: str) -> None:
     ctx = RoleContext(run_dir, "orchestrator")
     cfg = ctx.cfg
     timers = Timers()
-    needs_values = cfg.advantage.estimator != "grpo"
-    max_off_policy = 0 if cfg.schedule.mode == "lockstep" else cfg.schedule.max_off_policy
+    needs_values, max_off_policy = cfg.resolved.uses_critic, cfg.resolved.max_off_policy
     rollouts = ctx.reader("rollouts", "orchestrator")
     values = ctx.reader("values", "orchestrator.values") \
         if needs_values else None

@@ -121,7 +121,7 @@ def critic_batches(ctx: RoleContext, trainer: Trainer, queue: IngestQueue, buffe
     reader = ctx.reader("targets", "value_trainer")
     restore_replay(ctx, buffer, version_dir(trainer.root, trainer.version), reader)
     threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
-    if ctx.cfg.schedule.mode == "lockstep":
+    if ctx.cfg.resolved.lockstep:
         return lockstep_batches(ctx, queue, buffer, score, timers, lambda: trainer.version)
     return replay_batches(ctx, queue, buffer, score, timers)
 

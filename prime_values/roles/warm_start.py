@@ -179,7 +179,7 @@ def main(run_dir: str) -> None:
     policy_dir = version_dir(policy_root, 0)
     model, tokenizer = load_policy(policy_dir).to(ctx.device).eval(), AutoTokenizer.from_pretrained(policy_dir)
     critic = initial_critic(cfg, policy_dir, tokenizer, seed=ctx.seed(1)).to(ctx.device)
-    if cfg.critic.warm_start.steps > 0 and cfg.advantage.estimator != "grpo":
+    if cfg.critic.warm_start.steps > 0 and cfg.resolved.uses_critic:
         began = time.time()
         from_run = cfg.critic.warm_start.from_run
         rows = rollouts_of_run(ctx, from_run) if from_run else sample_for_critic(ctx, model, tokenizer, task)

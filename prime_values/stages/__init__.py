@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from prime_values.budget import BudgetError, check_run_budget
 from prime_values.conductor import conduct, stop_fork_server, wants_fork_server
-from prime_values.config import ConfigError
+from prime_values.config import ConfigError, EvalConfig, SFTConfig, check_fields
 from prime_values.gguf import GGUFError, is_gguf, prepare
 from prime_values.launch import local
 from prime_values.launch.zygote import ZygoteClient
@@ -64,29 +64,12 @@ def validate_stages(cfg, environment: bool = True) -> None:
         how = "stage=eval" if cfg.stage else "stages starting with eval"
         raise ConfigError(f"{how} evaluates policy.model, which is 'tiny' (an untrained model); set policy.model=<a "
                           "from_pretrained directory, e.g. <run>/weights/policy/<step> or <run>/stages/sft/model>")
-    sft, ev = cfg.sft, cfg.eval
-    for key, value, low in (("sft.steps", sft.steps, 1), ("sft.batch_size", sft.batch_size, 1),
-                            ("sft.max_length", sft.max_length, 1), ("sft.check_every", sft.check_every, 1),
-                            ("sft.val_size", sft.val_size, 1), ("sft.warmup_steps", sft.warmup_steps, 0),
-                            ("eval.samples", ev.samples, 1), ("eval.batch_size", ev.batch_size, 1),
-                            ("eval.max_new_tokens", ev.max_new_tokens, 0)):
-        if value < low:
-            raise ConfigError(f"{key}={value} must be >= {low}")
-    if sft.lr <= 0:
-        raise ConfigError(f"sft.lr={sft.lr} must be > 0")
-    if not 0 <= sft.target_accuracy <= 1:
-        raise ConfigError(f"sft.target_accuracy={sft.target_accuracy} must be in [0, 1] (0 = run all sft.steps)")
-    if ev.temperature < 0:
-        raise ConfigError(f"eval.temperature={ev.temperature} must be >= 0 (0 = greedy)")
-    if not list(ev.k):
-        raise ConfigError("eval.k is empty; list the k of each pass@k, e.g. eval.k=[1,4,8]")
-    for k in ev.k:
-        if not 1 <= k <= ev.samples:
-            raise ConfigError(f"eval.k contains {k}, but pass@k needs 1 <= k <= eval.samples={ev.samples}; raise "
-                              f"eval.samples or drop {k}")
+    check_fields(cfg.sft, SFTConfig, "sft.")  # their rules (prime_values/config/stages.py), again for each
+    check_fields(cfg.eval, EvalConfig, "eval.")  # point of a multirun, which reaches no config.validate before
+    EvalConfig.check(cfg, environment)  # the stage's job when it runs no rl stage
     if "sft" in run and environment:
         try:
-            check_source(sft, cfg.task)
+            check_source(cfg.sft, cfg.task)
         except SFTDataError as error:
             raise ConfigError(str(error)) from None
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from prime_values.conductor import job_end, wait_for_fork_server
+from prime_values.config import resolve
 from prime_values.launch import job_device, kill_tree, local, make_executor, resolve_devices
 from prime_values.monitor import MetricsTail, MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
@@ -96,7 +97,7 @@ def resolved_config(cfg):
 
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     resolve_devices(cfg.topology, torch.cuda.device_count())
-    return cfg
+    return resolve(cfg)  # the derived facts (resolved.*), as the conductor saves them
 
 
 def _progress_line(name: str, record: dict, started: float) -> str:

@@ -10,8 +10,9 @@ run directory). What is checked is what the roles actually guarantee (read from 
 - batches: batch `n` is segment `n - 1` of its shard and all its rows carry step `n`; steps are 1..N without
   gap or duplicate, N <= `steps`; each batch holds `prompts_per_step` complete groups of `group_size`; every
   rollout in a batch exists in the rollout log with the same tokens and policy version, appears in no other
-  batch row, and is admissible: 0 <= (n - 1) - policy_version <= `schedule.max_off_policy`; with a critic, its
-  `critic_version` is one a values record of that rollout carries.
+  batch row, and is admissible: 0 <= (n - 1) - policy_version <= `resolved.max_off_policy` (the run's bound:
+  schedule.max_off_policy, 0 under lockstep); with a critic, its `critic_version` is one a values record of that
+  rollout carries.
 - values: every record's rollout exists, `values` is exactly as long as the rollout's `token_ids`,
   `valued_tokens` is all of them unless `cut`; per values shard `critic_version` never decreases in seq
   order (the evaluator adopts only newer critics, and restarts from LATEST). Several records for one rollout
@@ -345,7 +346,8 @@ class Checker:
             res.violation("step", f"batch step {last} exceeds the run's steps={cfg_steps}")
         self.last_step = last
 
-        max_off = _cfg_get(self.cfg, "schedule.max_off_policy")
+        max_off = _cfg_get(self.cfg, "resolved.max_off_policy",  # the bound the run enforced (lockstep: 0);
+                           _cfg_get(self.cfg, "schedule.max_off_policy"))  # a run saved before resolved.*
         used_in: dict[str, list[int]] = defaultdict(list)
         for step, rid, *_ in self.batch_refs:
             used_in[rid].append(step)

@@ -119,10 +119,10 @@ class _Watched:
 def expected_roles(run: RunDir) -> list[str]:
     """The role jobs of this run, from its config (or, without one, from what is in the run directory)."""
     try:
-        from omegaconf import OmegaConf
+        from prime_values.config import load_saved
 
-        cfg = OmegaConf.load(run.config)
-        with_critic = cfg.advantage.estimator != "grpo"
+        cfg = load_saved(run.config)
+        with_critic = cfg.resolved.uses_critic
         roles = ["warm_start", *(f"inference{w}" for w in range(cfg.topology.inference_workers))]
         if with_critic and cfg.topology.evaluator == "dedicated":
             roles.append("evaluator")

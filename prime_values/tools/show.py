@@ -251,9 +251,9 @@ def load(run: Path, rollout_id: str | None = None, worst: bool = True) -> Shown:
         chosen = max(matching or value_rows, key=lambda r: r["scored_at"])
     critic_expected = values is not None or (batch is not None and batch["critic_version"] >= 0)
     try:
-        from omegaconf import OmegaConf
+        from prime_values.config import load_saved
 
-        critic_expected = OmegaConf.load(run / "config.yaml").advantage.estimator != "grpo"
+        critic_expected = load_saved(run / "config.yaml").resolved.uses_critic
     except Exception:
         pass
     tokenizer = load_tokenizer(run)
