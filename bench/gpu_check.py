@@ -88,7 +88,7 @@ def make_models(shape: str, mode: str, device: str):
         torch.manual_seed(0)
         with torch.device(device):
             model = auto.from_config(config, dtype=chosen.torch_dtype, attn_implementation=chosen.implementation)
-        made.append(build.apply_precision(model).train())
+        made.append(build.apply_precision(model, chosen.mixed).train())
     return made[0], made[1], chosen
 
 
@@ -235,34 +235,30 @@ def ratio_check(device: str, arch: dict | None = None, prompts: int = 16, sample
         tok = build_char_tokenizer()
     text = ["12+34=", "7+8=", "99+1=", "5+60=", "3+3=", "40+2=", "18+27=", "6+9="]
     prompt_ids = [tok.encode(text[i % len(text)], add_special_tokens=False) for i in range(prompts)]
-    saved = build.current_attention()
     found = {}
-    try:
-        for mode in ("float32", "bf16-mixed", "bfloat16"):
-            configure(mode, device)
-            model = (load_policy(model_path) if model_path else
-                     build_tiny_policy(tok, seed=0, **(arch or EMBEDDED))).to(device).eval()
-            with torch.no_grad():
-                completions = sample(model, prompt_ids, num_samples=samples, max_new_tokens=new_tokens,
-                                     temperature=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
-            rows = []
-            for c in completions:
-                prompt = prompt_ids[c.prompt_index]
-                rows.append({"token_ids": prompt + list(c.response_ids),
-                             "policy_mask": [0] * len(prompt) + [1] * len(c.response_ids),
-                             "sampling_logprobs": [0.0] * len(prompt) + list(c.logprobs)})
-            ids = padded(rows, "token_ids", torch.long, fill=tok.pad_token_id).to(device)
-            mask = padded(rows, "policy_mask", torch.bool).to(device)
-            sampled = padded(rows, "sampling_logprobs", torch.float32).to(device)
-            with torch.no_grad():
-                logits = model(input_ids=ids, attention_mask=attention_mask(rows).to(device), use_cache=False)
-                trainer = token_logprobs(logits.logits.float(), ids, 1.0)
-            log_ratio = (trainer - sampled)[mask]
-            found[mode] = {"mean_abs_log_ratio": log_ratio.abs().mean().item(),
-                           "max_abs_log_ratio": log_ratio.abs().max().item(),
-                           "ratio_mean": log_ratio.exp().mean().item()}
-    finally:
-        build._attention = saved
+    for mode in ("float32", "bf16-mixed", "bfloat16"):
+        chosen = configure(mode, device)
+        model = (load_policy(model_path, chosen) if model_path else
+                 build_tiny_policy(tok, seed=0, attention=chosen, **(arch or EMBEDDED))).to(device).eval()
+        with torch.no_grad():
+            completions = sample(model, prompt_ids, num_samples=samples, max_new_tokens=new_tokens,
+                                 temperature=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, seed=0)
+        rows = []
+        for c in completions:
+            prompt = prompt_ids[c.prompt_index]
+            rows.append({"token_ids": prompt + list(c.response_ids),
+                         "policy_mask": [0] * len(prompt) + [1] * len(c.response_ids),
+                         "sampling_logprobs": [0.0] * len(prompt) + list(c.logprobs)})
+        ids = padded(rows, "token_ids", torch.long, fill=tok.pad_token_id).to(device)
+        mask = padded(rows, "policy_mask", torch.bool).to(device)
+        sampled = padded(rows, "sampling_logprobs", torch.float32).to(device)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=attention_mask(rows).to(device), use_cache=False)
+            trainer = token_logprobs(logits.logits.float(), ids, 1.0)
+        log_ratio = (trainer - sampled)[mask]
+        found[mode] = {"mean_abs_log_ratio": log_ratio.abs().mean().item(),
+                       "max_abs_log_ratio": log_ratio.abs().max().item(),
+                       "ratio_mean": log_ratio.exp().mean().item()}
     return found
 
 

@@ -114,7 +114,7 @@ def shard(model: torch.nn.Module, mixed: bool | None = None) -> torch.nn.Module:
     stay in one unit). A no-op with one process. Build the optimizer after this (and enable activation
     checkpointing before it).
 
-    `mixed` (default: policy.dtype resolved to bf16-mixed in this process): the blocks' fp32 shards are
+    `mixed` (default: the model's own precision, `pv_mixed`, which models.build.apply_precision sets): the blocks' fp32 shards are
     all-gathered as bf16 and their gradients reduce-scattered in fp32 (`MixedPrecisionPolicy(param_dtype=bf16,
     reduce_dtype=fp32, cast_forward_inputs=False)`); the sharded fp32 parameters are the optimizer's master copy.
     The forward runs under bf16 autocast as with one process (models.build.apply_precision), so the block inputs
@@ -127,9 +127,7 @@ def shard(model: torch.nn.Module, mixed: bool | None = None) -> torch.nn.Module:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if mixed is None:
-        from prime_values.models.build import current_attention
-
-        mixed = current_attention().mixed
+        mixed = bool(getattr(model, "pv_mixed", False))
     blocks = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                                 cast_forward_inputs=False)} if mixed else {}
     mesh = init_device_mesh("cuda" if g.device.startswith("cuda") else "cpu", (g.world,))

@@ -54,7 +54,7 @@ class Trainer:
 
         cfg, root = ctx.cfg, ctx.run.weights(kind)
         group = dist.setup(procs, ctx.device, cfg.launcher.timeout_min)  # group.device: ctx.device or this rank's GPU
-        load = lora.trainer_loader(section.lora, kind, ctx.seed(7))  # LoRA: base + adapter (models/lora.py)
+        load = lora.trainer_loader(section.lora, kind, ctx.seed(7), ctx.attention)  # LoRA: base + adapter
         version, loaded = resume(root, load) if group.main else (None, None)
         version = dist.broadcast(version)
         assert version is not None, f"no {kind} version in {root}: the warm-start job publishes version 0"

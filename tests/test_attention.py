@@ -20,12 +20,13 @@ FLASH_INSTALLED = importlib.util.find_spec("flash_attn") is not None
 TINY = dict(hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64, num_layers=1)
 
 
-@pytest.fixture(autouse=True)
-def default_attention():
-    """Every test starts and ends with the process default (what an unconfigured process uses)."""
-    saved = build.current_attention()
-    yield
-    build._attention = saved
+def test_the_default_is_sdpa_in_float32_for_a_caller_that_passes_none():
+    """A model built without an Attention (tests, tools) gets the default; nothing is process-global."""
+    tok = build_char_tokenizer()
+    model = build_tiny_policy(tok, seed=0, **TINY)
+    assert build.DEFAULT_ATTENTION == build.Attention("sdpa", "float32", "default")
+    assert model.config._attn_implementation == "sdpa" and not getattr(model, "pv_mixed", False)
+    assert not hasattr(build, "_attention") and not hasattr(build, "current_attention")
 
 
 def policy(**keys):
@@ -50,7 +51,7 @@ def test_auto_picks_flash_when_importable_on_cuda_in_bfloat16(monkeypatch):
     # the same through the once-per-process configuration, with the importability check patched
     monkeypatch.setattr(build, "flash_attn_importable", lambda: yes)
     chosen = build.configure_attention(policy(dtype="bfloat16"), "cuda:0")
-    assert chosen.implementation == "flash_attention_2" and build.current_attention() == chosen
+    assert chosen.implementation == "flash_attention_2"
     # where flash cannot run, auto stays on sdpa and says why
     on_cpu = build.resolve_attention("auto", "cpu", "bfloat16", flash=yes)
     assert on_cpu.implementation == "sdpa" and "runs on cpu" in on_cpu.reason
@@ -94,28 +95,29 @@ def test_bad_values_are_config_errors(monkeypatch):
 @pytest.mark.parametrize("requested", ["eager", "auto"])
 def test_built_and_loaded_models_use_the_resolution(tmp_path, requested):
     expected = "sdpa" if requested == "auto" else requested
-    assert build.configure_attention(policy(attn_implementation=requested), "cpu").implementation == expected
+    chosen = build.configure_attention(policy(attn_implementation=requested), "cpu")
+    assert chosen.implementation == expected
     tok = build_char_tokenizer()
-    model = build_tiny_policy(tok, seed=0, **TINY)
-    critic = build_critic(None, tok, seed=0, **TINY)
+    model = build_tiny_policy(tok, seed=0, attention=chosen, **TINY)
+    critic = build_critic(None, tok, seed=0, attention=chosen, **TINY)
     assert model.config._attn_implementation == critic.config._attn_implementation == expected
     save_model(model, tok, tmp_path / "policy")
     save_model(critic, tok, tmp_path / "critic")
-    assert load_policy(tmp_path / "policy").config._attn_implementation == expected
-    assert load_critic(tmp_path / "critic").config._attn_implementation == expected
-    from_policy = build_critic(tmp_path / "policy", tok, seed=0)
+    assert load_policy(tmp_path / "policy", chosen).config._attn_implementation == expected
+    assert load_critic(tmp_path / "critic", chosen).config._attn_implementation == expected
+    from_policy = build_critic(tmp_path / "policy", tok, seed=0, attention=chosen)
     assert from_policy.config._attn_implementation == expected
     assert from_policy.model.layers[0].self_attn.config._attn_implementation == expected
 
 
 def test_bfloat16_weights_and_float32_values(tmp_path):
-    build.configure_attention(policy(dtype="bfloat16"), "cpu")
+    bf16 = build.configure_attention(policy(dtype="bfloat16"), "cpu")
     tok = build_char_tokenizer()
-    model = build_tiny_policy(tok, seed=0, **TINY)
+    model = build_tiny_policy(tok, seed=0, attention=bf16, **TINY)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     save_model(model, tok, tmp_path / "policy")
-    assert {p.dtype for p in load_policy(tmp_path / "policy").parameters()} == {torch.bfloat16}
-    critic = build_critic(tmp_path / "policy", tok, seed=0)
+    assert {p.dtype for p in load_policy(tmp_path / "policy", bf16).parameters()} == {torch.bfloat16}
+    critic = build_critic(tmp_path / "policy", tok, seed=0, attention=bf16)
     assert {p.dtype for p in critic.parameters()} == {torch.bfloat16}
     ids = torch.tensor([tok.encode("12+3=", add_special_tokens=False)])
     assert build.critic_values(critic, ids).dtype == torch.float32

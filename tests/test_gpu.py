@@ -58,33 +58,29 @@ def test_auto_attention_picks_flash_on_cuda():
 
     from prime_values.models import build, build_char_tokenizer, build_tiny_policy
 
-    saved = build.current_attention()
-    try:
-        tok = build_char_tokenizer()
-        models = {}
-        for requested in ("auto", "sdpa"):
-            chosen = build.configure_attention(OmegaConf.create({"attn_implementation": requested,
-                                                                 "dtype": "bfloat16"}), "cuda:0")
-            models[requested] = build_tiny_policy(tok, seed=0).to("cuda").eval()
-            assert models[requested].config._attn_implementation == chosen.implementation
-        assert models["auto"].config._attn_implementation == "flash_attention_2", chosen.line()
-        texts = ["12+34=46", "5+6=11 and 7+8=15"]
-        width = max(len(t) for t in texts)
-        ids = torch.full((2, width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((2, width), dtype=torch.long)
-        for i, t in enumerate(texts):
-            ids[i, : len(t)] = torch.tensor(tok.encode(t, add_special_tokens=False))
-            mask[i, : len(t)] = 1
-        with torch.no_grad():
-            flash, sdpa = (models[k](input_ids=ids.cuda(), attention_mask=mask.cuda()).logits.float().cpu()
-                           for k in ("auto", "sdpa"))
-        real = mask.bool()
-        diff = (flash[real] - sdpa[real]).abs().max().item()
-        # bfloat16 (8-bit mantissa: 2^-8 = 3.9e-3 relative per rounding), two kernels summing in other orders:
-        # a few roundings of the largest logit, plus an absolute 0.02 for logits near 0
-        assert diff <= 0.02 + 0.02 * sdpa[real].abs().max().item(), diff
-    finally:
-        build._attention = saved
+    tok = build_char_tokenizer()
+    models = {}
+    for requested in ("auto", "sdpa"):
+        chosen = build.configure_attention(OmegaConf.create({"attn_implementation": requested,
+                                                             "dtype": "bfloat16"}), "cuda:0")
+        models[requested] = build_tiny_policy(tok, seed=0, attention=chosen).to("cuda").eval()
+        assert models[requested].config._attn_implementation == chosen.implementation
+    assert models["auto"].config._attn_implementation == "flash_attention_2", chosen.line()
+    texts = ["12+34=46", "5+6=11 and 7+8=15"]
+    width = max(len(t) for t in texts)
+    ids = torch.full((2, width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((2, width), dtype=torch.long)
+    for i, t in enumerate(texts):
+        ids[i, : len(t)] = torch.tensor(tok.encode(t, add_special_tokens=False))
+        mask[i, : len(t)] = 1
+    with torch.no_grad():
+        flash, sdpa = (models[k](input_ids=ids.cuda(), attention_mask=mask.cuda()).logits.float().cpu()
+                       for k in ("auto", "sdpa"))
+    real = mask.bool()
+    diff = (flash[real] - sdpa[real]).abs().max().item()
+    # bfloat16 (8-bit mantissa: 2^-8 = 3.9e-3 relative per rounding), two kernels summing in other orders:
+    # a few roundings of the largest logit, plus an absolute 0.02 for logits near 0
+    assert diff <= 0.02 + 0.02 * sdpa[real].abs().max().item(), diff
 
 
 def test_mixed_precision_and_checkpointing_on_cuda():
@@ -131,20 +127,16 @@ def test_auto_attention_with_mixed_precision_runs_flash_on_cuda():
 
     from prime_values.models import build, build_char_tokenizer, build_tiny_policy
 
-    saved = build.current_attention()
-    try:
-        tok = build_char_tokenizer()
-        out = {}
-        for requested in ("auto", "sdpa"):
-            chosen = build.configure_attention(OmegaConf.create({"attn_implementation": requested, "dtype": "auto"}),
-                                               "cuda:0")
-            assert chosen.mixed
-            model = build_tiny_policy(tok, seed=0).to("cuda").eval()
-            ids = torch.tensor([tok.encode("12+34=46 and 5+6=11", add_special_tokens=False)], device="cuda")
-            with torch.no_grad():
-                out[chosen.implementation] = model(input_ids=ids).logits.float().cpu()
-        assert set(out) == {"flash_attention_2", "sdpa"}
-        diff = (out["flash_attention_2"] - out["sdpa"]).abs().max().item()
-        assert diff <= 0.02 + 0.02 * out["sdpa"].abs().max().item(), diff
-    finally:
-        build._attention = saved
+    tok = build_char_tokenizer()
+    out = {}
+    for requested in ("auto", "sdpa"):
+        chosen = build.configure_attention(OmegaConf.create({"attn_implementation": requested, "dtype": "auto"}),
+                                           "cuda:0")
+        assert chosen.mixed
+        model = build_tiny_policy(tok, seed=0, attention=chosen).to("cuda").eval()
+        ids = torch.tensor([tok.encode("12+34=46 and 5+6=11", add_special_tokens=False)], device="cuda")
+        with torch.no_grad():
+            out[chosen.implementation] = model(input_ids=ids).logits.float().cpu()
+    assert set(out) == {"flash_attention_2", "sdpa"}
+    diff = (out["flash_attention_2"] - out["sdpa"]).abs().max().item()
+    assert diff <= 0.02 + 0.02 * out["sdpa"].abs().max().item(), diff

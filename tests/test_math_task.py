@@ -343,8 +343,8 @@ def test_math_task_is_a_config_choice():
     from prime_values.tasks import make_task
 
     data = str(Path(__file__).parent / "data" / "math_tiny.jsonl")
-    assert precheck(["+experiment=arith", "task=math", f"task.data={data}", "task.heldout_size=4"]) is None
-    problem = precheck(["+experiment=arith", "task=math", "task.data=/nonexistent/gsm8k.jsonl"])
+    assert precheck(["+experiment=embedded", "task=math", f"task.data={data}", "task.heldout_size=4"]) is None
+    problem = precheck(["+experiment=embedded", "task=math", "task.data=/nonexistent/gsm8k.jsonl"])
     assert "task.data" in problem and "\n" not in problem
     # the task group holds every task's keys; each task takes its own (arith ignores data, math ignores digits)
     task = make_task("math", data=data, heldout_size=4, digits=3, verifier_workers=1)

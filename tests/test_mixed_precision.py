@@ -37,13 +37,6 @@ BF16_REL = 5e-2  # gradients: see the module docstring
 BF16_LOSS_REL = 2e-2
 
 
-@pytest.fixture(autouse=True)
-def default_attention():
-    saved = build.current_attention()
-    yield
-    build._attention = saved
-
-
 def cfg_for(**policy):
     cfg = OmegaConf.structured(Config)
     cfg.policy.max_grad_norm = 0.0  # the raw gradients are compared
@@ -171,11 +164,11 @@ def test_auto_dtype_is_mixed_on_cuda_and_fp32_on_cpu_and_logged(caplog):
     on_cuda = build.resolve_attention("auto", "cuda:0", "auto", flash=(True, "flash-attn installed"))
     assert (on_cuda.implementation, on_cuda.dtype) == ("flash_attention_2", "bf16-mixed")
     assert build.resolve_attention("auto", "cuda:0", "auto", flash=(False, "no")).implementation == "sdpa"
-    # models built while the process is configured for bf16-mixed get the autocast forward, fp32 weights
-    build.configure_attention(OmegaConf.create({"attn_implementation": "sdpa", "dtype": "bf16-mixed"}), "cpu")
+    # models built with a bf16-mixed resolution get the autocast forward, fp32 weights
+    mixed = build.configure_attention(OmegaConf.create({"attn_implementation": "sdpa", "dtype": "bf16-mixed"}), "cpu")
     from prime_values.models import build_char_tokenizer, build_tiny_policy
 
-    model = build_tiny_policy(build_char_tokenizer(), seed=0, **ARCH)
+    model = build_tiny_policy(build_char_tokenizer(), seed=0, attention=mixed, **ARCH)
     assert model.pv_mixed and {p.dtype for p in model.parameters()} == {torch.float32}
 
 
@@ -264,14 +257,14 @@ def fsdp_worker(world: int, out: str) -> None:
     from prime_values import dist
 
     torch.set_num_threads(1)
-    build.configure_attention(OmegaConf.create({"attn_implementation": "sdpa", "dtype": "bf16-mixed"}), "cpu")
+    mixed = build.configure_attention(OmegaConf.create({"attn_implementation": "sdpa", "dtype": "bf16-mixed"}), "cpu")
     dist.setup(world, "cpu")
     rows = torch.load(Path(out).parent / "rows.pt") if world > 1 else None
     from prime_values.models import build_char_tokenizer, build_tiny_policy
     from prime_values.roles.policy_trainer import train_step
 
     tok = build_char_tokenizer()
-    model = build_tiny_policy(tok, seed=0, **ARCH).train()
+    model = build_tiny_policy(tok, seed=0, attention=mixed, **ARCH).train()
     assert model.pv_mixed
     if rows is None:
         rows = policy_rows(model, tok)

@@ -66,7 +66,7 @@ def choose(cfg, try_import: bool = True) -> tuple[str, str]:
     return "vllm", "vLLM is installed"
 
 
-def make_backend(cfg, device: str, policy_root, seed: int = 0):
+def make_backend(cfg, device: str, policy_root, seed: int = 0, attention=None):
     """The inference backend `cfg.inference.backend` for a worker on `device`, following `policy_root`
     (inference.backend=auto: `choose`, logged in one line)."""
     name = cfg.inference.backend
@@ -77,7 +77,7 @@ def make_backend(cfg, device: str, policy_root, seed: int = 0):
     if name == "hf":
         from prime_values.backends.hf import HFBackend
 
-        return HFBackend(policy_root, device)
+        return HFBackend(policy_root, device, attention)
     if name == "vllm":
         from prime_values.backends.vllm import VLLMBackend
 

@@ -4,14 +4,19 @@ version (`load_policy`) and, for LoRA versions, by copying only the adapter tens
 
 from __future__ import annotations
 
+import functools
+
 from prime_values.weights import Adopter
 
 
 class HFBackend:
-    def __init__(self, policy_root, device: str = "cpu"):
+    def __init__(self, policy_root, device: str = "cpu", attention=None):
+        """`attention`: the worker's models.build.Attention (None: the default, sdpa in float32)."""
         from prime_values.models import load_policy, lora
+        from prime_values.models.build import DEFAULT_ATTENTION
 
-        self.policy = Adopter(policy_root, lora.Adopting(load_policy, device)) if policy_root is not None else None
+        load = functools.partial(load_policy, attention=attention or DEFAULT_ATTENTION)
+        self.policy = Adopter(policy_root, lora.Adopting(load, device)) if policy_root is not None else None
 
     @classmethod
     def holding(cls, model) -> "HFBackend":

@@ -47,7 +47,8 @@ ARCH_PRESETS: dict[str, dict] = {
     "small": dict(DEFAULT_ARCH, hidden_size=256, num_heads=8, num_kv_heads=4, intermediate_size=768),
 }
 
-# --- attention kernel and precision, chosen once per process (policy.attn_implementation, policy.dtype) -------------
+# --- attention kernel and precision (policy.attn_implementation, policy.dtype): an `Attention` resolved once per
+# process for its device (`configure_attention`) and passed to every builder and loader below -----------------------
 #
 # sdpa and eager measured within noise of each other for the tiny sizes on 2 CPU threads; sdpa is the transformers
 # default and what larger models want. flash-attn (flash_attention_2) is faster on a GPU for long sequences, but it
@@ -87,7 +88,8 @@ def resolve_dtype(requested: str, device: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Attention:
-    """What every model this process builds or loads gets: the attention implementation and the precision mode."""
+    """What a model gets when it is built or loaded: the attention implementation and the precision mode (a role
+    resolves one for its device and passes it to every builder and loader; the default is sdpa in float32)."""
 
     implementation: str
     dtype: str  # a resolved precision mode: float32, bfloat16 or bf16-mixed
@@ -111,7 +113,7 @@ class Attention:
             f" [{self.dtype_reason}]" if self.dtype_reason != "policy.dtype" else "")
 
 
-_attention = Attention("sdpa", "float32", "default")  # until configure_attention (tests, tools)
+DEFAULT_ATTENTION = Attention("sdpa", "float32", "default")  # what a model gets unless told (tests, tools)
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,18 +169,13 @@ def resolve_attention(requested: str, device: str, dtype: str = "float32",
 
 
 def configure_attention(policy_cfg, device: str, log=None) -> Attention:
-    """Resolve policy.attn_implementation / policy.dtype for this process's device, once, for every model that
-    build_* / load_* make from now on (policy and critic alike); logs the choice on `log`."""
-    global _attention
-    _attention = resolve_attention(policy_cfg.get("attn_implementation", "auto"), str(device),
-                                   policy_cfg.get("dtype", "float32"))
+    """policy.attn_implementation / policy.dtype resolved for `device`, for the caller to pass to every model that
+    build_* / load_* make (policy and critic alike); logs the choice on `log`."""
+    attention = resolve_attention(policy_cfg.get("attn_implementation", "auto"), str(device),
+                                  policy_cfg.get("dtype", "float32"))
     if log is not None:
-        log.info(_attention.line())
-    return _attention
-
-
-def current_attention() -> Attention:
-    return _attention
+        log.info(attention.line())
+    return attention
 
 
 def _device_type(module: torch.nn.Module) -> str:
@@ -187,8 +184,8 @@ def _device_type(module: torch.nn.Module) -> str:
     return "cpu"
 
 
-def apply_precision(model: PreTrainedModel, mixed: bool | None = None) -> PreTrainedModel:
-    """bf16-mixed (`mixed`, default: this process's policy.dtype): every call of `model` runs under
+def apply_precision(model: PreTrainedModel, mixed: bool = False) -> PreTrainedModel:
+    """bf16-mixed (`mixed`: Attention.mixed, policy.dtype=bf16-mixed): every call of `model` runs under
     torch.autocast(bfloat16) on its parameters' device, and the critic's value head (`score`) in fp32 outside it.
     The weights stay as they are (fp32: the optimizer's master copy). A no-op otherwise, and the second time.
 
@@ -196,7 +193,6 @@ def apply_precision(model: PreTrainedModel, mixed: bool | None = None) -> PreTra
     the hf sampler's decode loop, the evaluator's scoring, the warm start -- gets the same numerics without knowing;
     a PEFT wrapper calls the wrapped forward too. (The wrapper holds this instance: a deep copy of the whole model
     would still run the original; nothing here copies one.)"""
-    mixed = _attention.mixed if mixed is None else mixed
     if not mixed or getattr(model, "pv_mixed", False):
         return model
     forward = model.forward
@@ -249,7 +245,7 @@ def _quiet():
             hf_logging.enable_progress_bar()
 
 
-def tiny_config(tokenizer, **arch) -> Qwen3Config:
+def tiny_config(tokenizer, attention: Attention = DEFAULT_ATTENTION, **arch) -> Qwen3Config:
     unknown = set(arch) - set(DEFAULT_ARCH)
     if unknown:
         raise TypeError(f"unknown architecture arguments {sorted(unknown)}; allowed: {sorted(DEFAULT_ARCH)}")
@@ -274,36 +270,35 @@ def tiny_config(tokenizer, **arch) -> Qwen3Config:
         attention_dropout=0.0,
         use_cache=True,
     )
-    cfg._attn_implementation = _attention.implementation
+    cfg._attn_implementation = attention.implementation
     return cfg
 
 
-def _seeded_from_config(auto_cls, cfg, seed: int) -> PreTrainedModel:
+def _seeded_from_config(auto_cls, cfg, seed: int, attention: Attention) -> PreTrainedModel:
     # fork the RNG so building a model does not disturb the caller's global torch stream
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = auto_cls.from_config(cfg, attn_implementation=_attention.implementation,
-                                     dtype=_attention.torch_dtype)
-    return apply_precision(model.to(_attention.torch_dtype))
+        model = auto_cls.from_config(cfg, attn_implementation=attention.implementation, dtype=attention.torch_dtype)
+    return apply_precision(model.to(attention.torch_dtype), attention.mixed)
 
 
-def build_tiny_policy(tokenizer, seed: int = 0, **arch) -> PreTrainedModel:
-    """A freshly initialised ``Qwen3ForCausalLM`` sized for the tokenizer (policy.dtype, train mode)."""
-    model = _seeded_from_config(AutoModelForCausalLM, tiny_config(tokenizer, **arch), seed)
+def build_tiny_policy(tokenizer, seed: int = 0, attention: Attention = DEFAULT_ATTENTION, **arch) -> PreTrainedModel:
+    """A freshly initialised ``Qwen3ForCausalLM`` sized for the tokenizer (`attention`'s precision, train mode)."""
+    model = _seeded_from_config(AutoModelForCausalLM, tiny_config(tokenizer, attention, **arch), seed, attention)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     return model
 
 
-def load_policy(path: str | os.PathLike) -> PreTrainedModel:
+def load_policy(path: str | os.PathLike, attention: Attention = DEFAULT_ATTENTION) -> PreTrainedModel:
     if is_adapter(path):  # a LoRA version (models/lora.py): merged onto its base
-        return load_merged(path, "policy")
+        return load_merged(path, "policy", attention)
     with _quiet():
         model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=_attention.torch_dtype, attn_implementation=_attention.implementation
+            str(path), dtype=attention.torch_dtype, attn_implementation=attention.implementation
         )
-    return apply_precision(model.to(_attention.torch_dtype)).eval()
+    return apply_precision(model.to(attention.torch_dtype), attention.mixed).eval()
 
 
 def _critic_config(cfg) -> Qwen3Config:
@@ -315,7 +310,7 @@ def _critic_config(cfg) -> Qwen3Config:
 
 
 def build_critic(init_from: str | os.PathLike | None, tokenizer, seed: int = 0, depth: int = 0,
-                 **arch) -> PreTrainedModel:
+                 attention: Attention = DEFAULT_ATTENTION, **arch) -> PreTrainedModel:
     """A per-token value model (``AutoModelForTokenClassification``, one output per position).
 
     ``init_from=None``: a fresh backbone with the given ``arch``. ``init_from=<policy dir>``: the
@@ -324,12 +319,12 @@ def build_critic(init_from: str | os.PathLike | None, tokenizer, seed: int = 0, 
     the first ``depth`` transformer blocks (critic.num_layers; 0 = all).
     """
     if init_from is None:
-        cfg = _critic_config(tiny_config(tokenizer, **arch))
-        return keep_layers(_seeded_from_config(AutoModelForTokenClassification, cfg, seed), depth)
+        cfg = _critic_config(tiny_config(tokenizer, attention, **arch))
+        return keep_layers(_seeded_from_config(AutoModelForTokenClassification, cfg, seed, attention), depth)
     cfg = _critic_config(AutoConfig.from_pretrained(str(init_from)))
-    cfg._attn_implementation = _attention.implementation
-    critic = _seeded_from_config(AutoModelForTokenClassification, cfg, seed)
-    policy = load_policy(init_from)
+    cfg._attn_implementation = attention.implementation
+    critic = _seeded_from_config(AutoModelForTokenClassification, cfg, seed, attention)
+    policy = load_policy(init_from, attention)
     missing, unexpected = critic.model.load_state_dict(policy.model.state_dict(), strict=True)
     assert not missing and not unexpected
     return keep_layers(critic, depth)
@@ -351,14 +346,14 @@ def keep_layers(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     return model
 
 
-def load_critic(path: str | os.PathLike) -> PreTrainedModel:
+def load_critic(path: str | os.PathLike, attention: Attention = DEFAULT_ATTENTION) -> PreTrainedModel:
     if is_adapter(path):  # a LoRA version (models/lora.py): merged onto its base
-        return load_merged(path, "critic")
+        return load_merged(path, "critic", attention)
     with _quiet():
         model = AutoModelForTokenClassification.from_pretrained(
-            str(path), dtype=_attention.torch_dtype, attn_implementation=_attention.implementation
+            str(path), dtype=attention.torch_dtype, attn_implementation=attention.implementation
         )
-    return apply_precision(model.to(_attention.torch_dtype)).eval()
+    return apply_precision(model.to(attention.torch_dtype), attention.mixed).eval()
 
 
 # --- LoRA versions, loaded merged: `load_policy` / `load_critic` of an adapter-only version (the training side,
@@ -405,7 +400,7 @@ def _quiet_peft():
         yield
 
 
-def load_merged(path: str | os.PathLike, kind: str | None = None):
+def load_merged(path: str | os.PathLike, kind: str | None = None, attention: Attention = DEFAULT_ATTENTION):
     """The adapter version at `path` folded into its base: a plain transformers model (eval mode, float32)."""
     from peft import PeftModel
 
@@ -413,7 +408,7 @@ def load_merged(path: str | os.PathLike, kind: str | None = None):
     kind = kind or kind_of(path)
     base = base_of(path)
     with _quiet_peft():
-        model = PeftModel.from_pretrained(load_critic(base) if kind == "critic" else load_policy(base), str(path))
+        model = PeftModel.from_pretrained((load_critic if kind == "critic" else load_policy)(base, attention), str(path))
     return model.merge_and_unload().eval()
 
 

@@ -32,16 +32,17 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 # the loading side of adapter versions lives in build (load_policy / load_critic merge them); re-exported here
-from prime_values.models.build import (ADAPTER_CONFIG, BASE_RECORD, _quiet_peft, base_of, is_adapter,  # noqa: F401
-                                       kind_of, load_critic, load_merged, load_policy, save_model)
+from prime_values.models.build import (ADAPTER_CONFIG, BASE_RECORD, DEFAULT_ATTENTION, Attention,  # noqa: F401
+                                       _quiet_peft, base_of, is_adapter, kind_of, load_critic, load_merged,
+                                       load_policy, save_model)
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TASK_TYPES = {"policy": "CAUSAL_LM", "critic": "TOKEN_CLS"}
 
 
-def _load_full(path: Path, kind: str):
-    return (load_critic if kind == "critic" else load_policy)(path)
+def _load_full(path: Path, kind: str, attention: Attention = DEFAULT_ATTENTION):
+    return (load_critic if kind == "critic" else load_policy)(path, attention)
 
 
 def _record_base(model, base: Path) -> None:
@@ -63,26 +64,27 @@ def wrap(model, lcfg, kind: str, base: str | os.PathLike, seed: int = 0):
     return peft_model
 
 
-def load_trainable(path: str | os.PathLike, lcfg, kind: str, seed: int = 0):
+def load_trainable(path: str | os.PathLike, lcfg, kind: str, seed: int = 0,
+                   attention: Attention = DEFAULT_ATTENTION):
     """For a (re)starting trainer: an adapter version -> its base with the adapter, trainable; a full version (the
     warm start's version 0) -> a fresh adapter on it (`wrap`)."""
     from peft import PeftModel
 
     path = Path(path)
     if not is_adapter(path):
-        return wrap(_load_full(path, kind), lcfg, kind, base=path, seed=seed)
+        return wrap(_load_full(path, kind, attention), lcfg, kind, base=path, seed=seed)
     base = base_of(path)
     with _quiet_peft():
-        model = PeftModel.from_pretrained(_load_full(base, kind), str(path), is_trainable=True)
+        model = PeftModel.from_pretrained(_load_full(base, kind, attention), str(path), is_trainable=True)
     _record_base(model, base)
     return model
 
 
-def trainer_loader(lcfg, kind: str, seed: int = 0):
+def trainer_loader(lcfg, kind: str, seed: int = 0, attention: Attention = DEFAULT_ATTENTION):
     """`load(path)` for `weights.resume`: LoRA-trainable models when `lcfg.enabled`, plain full models otherwise."""
     if lcfg.enabled:
-        return lambda path: load_trainable(path, lcfg, kind, seed)
-    return lambda path: _load_full(Path(path), kind)
+        return lambda path: load_trainable(path, lcfg, kind, seed, attention)
+    return lambda path: _load_full(Path(path), kind, attention)
 
 
 def trainable(model) -> list[torch.nn.Parameter]:

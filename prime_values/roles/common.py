@@ -32,10 +32,11 @@ class RoleContext:
 
         torch.set_num_threads(self.cfg.topology.threads_per_role)
         torch.manual_seed(self.seed())
-        if device_key:  # a role that builds models: its attention kernel and weight dtype, logged once
+        self.attention = None  # a role that builds models: its attention kernel and weight dtype, logged once,
+        if device_key:  # passed to every model it builds or loads
             from prime_values.models.build import configure_attention
 
-            configure_attention(self.cfg.policy, self.device, self.log)
+            self.attention = configure_attention(self.cfg.policy, self.device, self.log)
         self.heartbeat()
         if os.environ.get("PRIME_VALUES_FAULT") == name:  # a test hook: make this role crash on start
             raise RuntimeError(f"injected fault in role {name} (PRIME_VALUES_FAULT={name})")

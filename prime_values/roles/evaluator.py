@@ -7,6 +7,7 @@ batches. Colocated topology: the value trainer owns a `Scorer` and serves it bet
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 import torch
@@ -102,7 +103,8 @@ def main(run_dir: str, index: int = 0) -> None:
 
     ctx = RoleContext(run_dir, evaluator_name(index), "evaluator_device")
     timers = Timers()
-    critic = Adopter(ctx.run.weights("critic"), lora.Adopting(load_critic, ctx.device))  # LoRA: adapter in place
+    critic = Adopter(ctx.run.weights("critic"),  # LoRA: adapter in place
+                     lora.Adopting(functools.partial(load_critic, attention=ctx.attention), ctx.device))
     with timers.time("wait"):
         critic.wait(timeout_s=600, stop=ctx.stopping)
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")

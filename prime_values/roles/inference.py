@@ -91,7 +91,8 @@ class WarmupOffset:
 
 def main(run_dir: str, worker: int = 0) -> None:
     ctx = RoleContext(run_dir, f"inference{worker}", "inference_device")
-    backend = make_backend(ctx.cfg, ctx.device, ctx.run.weights("policy"), seed=ctx.seed())  # inference.backend
+    backend = make_backend(ctx.cfg, ctx.device, ctx.run.weights("policy"), seed=ctx.seed(),  # inference.backend
+                           attention=ctx.attention)
     try:
         generate(ctx, backend, f"w{worker}")
     finally:

@@ -136,16 +136,20 @@ def pretrain_critic(ctx: RoleContext, critic, tokenizer, rows: list[dict]) -> No
     critic.eval()
 
 
-def initial_critic(cfg, policy_dir, tokenizer, seed: int):
+def initial_critic(cfg, policy_dir, tokenizer, seed: int, attention=None):
     """The untrained critic of a run (critic.init, critic.num_layers): the policy's backbone at `policy_dir`, a
-    fresh one from policy.arch, or a saved critic; the value head is fresh where the critic is new."""
+    fresh one from policy.arch, or a saved critic; the value head is fresh where the critic is new. `attention`:
+    the role's (models.build.Attention; None = the default, sdpa in float32)."""
     from prime_values.models import build_critic, keep_layers, load_critic
+    from prime_values.models.build import DEFAULT_ATTENTION
 
+    attention = attention or DEFAULT_ATTENTION
     if cfg.critic.init == "policy":
-        return build_critic(policy_dir, tokenizer, seed=seed, depth=cfg.critic.num_layers)
+        return build_critic(policy_dir, tokenizer, seed=seed, depth=cfg.critic.num_layers, attention=attention)
     if cfg.critic.init == "scratch":
-        return build_critic(None, tokenizer, seed=seed, depth=cfg.critic.num_layers, **dict(cfg.policy.arch))
-    return keep_layers(load_critic(cfg.critic.init), cfg.critic.num_layers)
+        return build_critic(None, tokenizer, seed=seed, depth=cfg.critic.num_layers, attention=attention,
+                            **dict(cfg.policy.arch))
+    return keep_layers(load_critic(cfg.critic.init, attention), cfg.critic.num_layers)
 
 
 def main(run_dir: str) -> None:
@@ -168,17 +172,19 @@ def main(run_dir: str) -> None:
     if latest_version(policy_root) is None:
         if cfg.policy.model == "tiny":
             tokenizer = build_char_tokenizer()
-            model = build_tiny_policy(tokenizer, seed=ctx.seed(), **arch)
+            model = build_tiny_policy(tokenizer, seed=ctx.seed(), attention=ctx.attention, **arch)
         else:
-            tokenizer, model = AutoTokenizer.from_pretrained(cfg.policy.model), load_policy(cfg.policy.model)
+            tokenizer = AutoTokenizer.from_pretrained(cfg.policy.model)
+            model = load_policy(cfg.policy.model, ctx.attention)
             ensure_pad_token(tokenizer)  # the sampler pads with it; saved with version 0 for every role
         model = model.to(ctx.device)
         accuracy = supervised(ctx, model, tokenizer, task)
         ctx.metrics.log(sft_s=time.time() - began, **({} if accuracy is None else {"heldout_accuracy": accuracy}))
         publish(policy_root, 0, lambda path: save_model(model, tokenizer, path))
     policy_dir = version_dir(policy_root, 0)
-    model, tokenizer = load_policy(policy_dir).to(ctx.device).eval(), AutoTokenizer.from_pretrained(policy_dir)
-    critic = initial_critic(cfg, policy_dir, tokenizer, seed=ctx.seed(1)).to(ctx.device)
+    model = load_policy(policy_dir, ctx.attention).to(ctx.device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    critic = initial_critic(cfg, policy_dir, tokenizer, seed=ctx.seed(1), attention=ctx.attention).to(ctx.device)
     if cfg.critic.warm_start.steps > 0 and cfg.resolved.uses_critic:
         began = time.time()
         from_run = cfg.critic.warm_start.from_run

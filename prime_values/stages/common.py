@@ -75,7 +75,8 @@ class StageContext:
         torch.manual_seed(self.seed())
         from prime_values.models.build import configure_attention
 
-        configure_attention(self.cfg.policy, self.device, self.log)  # attention kernel and weight dtype, logged
+        # attention kernel and weight dtype, logged; passed to every model the stage builds or loads
+        self.attention = configure_attention(self.cfg.policy, self.device, self.log)
         # A stage job is a fresh interpreter holding torch, transformers, datasets and sympy: its exit ran a final
         # garbage collection over all of them, ~2 s of CPU after the result was written, that the conductor waited
         # out (it waits for the process). Frozen objects are left out of that collection; atexit handlers (the

@@ -64,7 +64,7 @@ def main(run_dir: str) -> dict:
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.policy.model)
         ensure_pad_token(tokenizer)
-        model = load_policy(cfg.policy.model).to(ctx.device).eval()
+        model = load_policy(cfg.policy.model, ctx.attention).to(ctx.device).eval()
         problems = task.heldout()
         per_chunk = max(1, ev.batch_size // ev.samples)
         correct: list[int] = []

@@ -229,9 +229,10 @@ def main(run_dir: str) -> dict:
         ctx.log.info("SFT data: %s", info or "the task's reference solutions")
         if cfg.policy.model == "tiny":
             tokenizer = build_char_tokenizer()
-            model = build_tiny_policy(tokenizer, seed=ctx.seed(), **cfg.policy.arch)
+            model = build_tiny_policy(tokenizer, seed=ctx.seed(), attention=ctx.attention, **cfg.policy.arch)
         else:
-            tokenizer, model = AutoTokenizer.from_pretrained(cfg.policy.model), load_policy(cfg.policy.model)
+            tokenizer = AutoTokenizer.from_pretrained(cfg.policy.model)
+            model = load_policy(cfg.policy.model, ctx.attention)
         ensure_pad_token(tokenizer)
         model = model.to(ctx.device)
         last = train(ctx, model, tokenizer, task, Examples(task, pairs))
