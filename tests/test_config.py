@@ -193,3 +193,37 @@ def test_roles_of_a_run_saved_by_older_code_read_keys_added_since(tmp_path):
     finally:
         torch.set_num_threads(threads)
     assert ctx.cfg.policy.lr_decay_steps == 0 and ctx.cfg.policy.lr == 3e-4
+
+
+def test_load_saved_reads_a_config_saved_before_the_package_and_derives_the_facts(tmp_path):
+    """tests/data/old_run_config.yaml: a real run's config.yaml from before prime_values/config/ (every task's keys
+    under task, no resolved.*). load_saved keeps the run's own task keys, drops the other tasks', and derives
+    resolved.* from the keys (a roles' reader resumes the run with the same schedule)."""
+    from omegaconf import OmegaConf
+
+    from prime_values.config import ArithTaskConfig, load_saved
+
+    old = REPO / "tests" / "data" / "old_run_config.yaml"
+    assert "resolved" not in OmegaConf.load(old) and "dataset" in OmegaConf.load(old).task
+    cfg = load_saved(old)
+    assert OmegaConf.get_type(cfg.task) is ArithTaskConfig and "dataset" not in cfg.task
+    assert cfg.task.digits == 1 and cfg.steps == OmegaConf.load(old).steps
+    assert dict(cfg.resolved) == {"uses_critic": True, "lockstep": False, "max_off_policy": 1}
+    validate(cfg, cuda_count=0, environment=False)
+    for overrides, facts in ((["advantage.estimator=grpo"], (False, False, 1)),
+                             (["schedule.mode=lockstep", "schedule.max_off_policy=3"], (True, True, 0))):
+        changed = OmegaConf.merge(OmegaConf.load(old), OmegaConf.from_dotlist(overrides))
+        OmegaConf.save(changed, tmp_path / "config.yaml")
+        got = load_saved(tmp_path / "config.yaml").resolved
+        assert (got.uses_critic, got.lockstep, got.max_off_policy) == facts, overrides
+    saved = OmegaConf.merge(OmegaConf.load(old), {"resolved": {"uses_critic": True, "lockstep": False,
+                                                               "max_off_policy": 1}})
+    OmegaConf.save(saved, tmp_path / "config.yaml")
+    assert load_saved(tmp_path / "config.yaml").resolved.max_off_policy == 1  # a saved fact is kept as saved
+
+
+def test_a_prepared_config_carries_the_derived_facts():
+    from e2e_helpers import compose
+
+    cfg = compose(["+experiment=arith", "schedule.mode=lockstep", "advantage=grpo"])
+    assert dict(cfg.resolved) == {"uses_critic": False, "lockstep": True, "max_off_policy": 0}

@@ -2,7 +2,8 @@
 
 A field's rules live beside it as dataclass metadata: `choice(default, 'a', 'b')` for a closed set of names,
 `ranged(default, '>= 1')` for a bound (several bounds are checked in order; a bound may carry the rest of its
-message: `('< 1', ' (the ratio clip ...)')`), `free(default, why)` for a number any value of which is fine.
+message: `('< 1', ' (the ratio clip ...)')`), `free(default, why)` for a field without a generic rule (why: any
+value is fine, or which section check decides).
 `check_fields` walks a section and raises the one-line ConfigError of the first rule broken.
 """
 
@@ -38,7 +39,9 @@ def ranged(default: Any, *bounds: str | tuple[str, str]) -> Any:
 
 
 def free(default: Any, why: str) -> Any:
-    """A numeric field any value of which is valid (`why` says why: the completeness test reads it)."""
+    """A field with no generic rule: any value is valid, or a section's check says which are (`why` says which;
+    tests/test_config_rules.py requires it of every number without bounds and of every string that looks like a
+    closed set without choices)."""
     return _field(default, {"free": why})
 
 

@@ -50,7 +50,7 @@ class CriticWarmStartConfig:
 
 @dataclass
 class CriticConfig:
-    init: str = "policy"
+    init: str = free("policy", "'policy', 'scratch' or the path of a saved critic: CriticConfig.check")
     """'policy': backbone from the warm-started policy, fresh value head; 'scratch': random init from
     policy.arch; anything else: path of a saved critic (AutoModelForTokenClassification)"""
     privileged: bool = True

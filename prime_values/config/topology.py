@@ -9,6 +9,8 @@ from typing import Optional
 from prime_values.config.base import ConfigError, choice, free, ranged
 from prime_values.config.policy import ROLE_DEVICES
 
+DEVICE = "'cpu', 'auto' or 'cuda:<index>' of this machine: TopologyConfig.check_devices"
+
 
 @dataclass
 class TopologyConfig:
@@ -21,16 +23,16 @@ class TopologyConfig:
     and writes values shard e<k> (at most inference_workers; 1 when colocated)"""
     inference_workers: int = ranged(1, ">= 1")
     """inference jobs, each with its own log shard and slice of the prompt stream"""
-    inference_device: str = "cpu"
+    inference_device: str = free("cpu", DEVICE)
     """device of each inference worker: 'cpu', 'cuda:<i>', or 'auto' (a GPU per role while GPUs last, else CPU)"""
     inference_tp: int = free(1, ">= 1, and > 1 only with vLLM: InferenceConfig.check_backend")
     """tensor-parallel ranks of each inference worker (inference=vllm only): that many GPUs, consecutive from
     inference_device (cuda:2 with 2 uses cuda:2 and cuda:3; on SLURM the job asks for that many GPUs)"""
-    evaluator_device: str = "cpu"
+    evaluator_device: str = free("cpu", DEVICE)
     """device of the dedicated value evaluator"""
-    policy_trainer_device: str = "cpu"
+    policy_trainer_device: str = free("cpu", DEVICE)
     """device of the policy trainer"""
-    value_trainer_device: str = "cpu"
+    value_trainer_device: str = free("cpu", DEVICE)
     """device of the value trainer (and of the evaluator when colocated)"""
     threads_per_role: int = ranged(1, ">= 1")
     """torch CPU threads per role (roles share the machine's cores)"""
