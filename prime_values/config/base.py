@@ -9,6 +9,7 @@ value is fine, or which section check decides).
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from dataclasses import MISSING as NO_DEFAULT, field, fields, is_dataclass
 from typing import Any
@@ -18,6 +19,15 @@ _OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt
 
 class ConfigError(ValueError):
     """A user-caused configuration problem; the message is one sentence naming the key and the fix."""
+
+
+@contextlib.contextmanager
+def reported(*errors: type[Exception]):
+    """Inside: an error of a type in `errors` (a library's own one-line message) becomes that ConfigError."""
+    try:
+        yield
+    except errors as error:
+        raise ConfigError(str(error)) from None
 
 
 def _field(default: Any, metadata: dict) -> Any:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
 
-from prime_values.config.base import ConfigError, choice, free, ranged
+from prime_values.config.base import ConfigError, choice, free, ranged, reported
 
 ROLE_DEVICES = ("inference", "evaluator", "policy_trainer", "value_trainer")
 
@@ -179,10 +179,8 @@ class PolicyConfig:
 
         if is_gguf(model):
             if environment:
-                try:
+                with reported(GGUFError):
                     check_gguf(model, cfg.policy.cache_dir)
-                except GGUFError as error:
-                    raise ConfigError(str(error)) from None
         elif environment and model != "tiny" and not Path(model).expanduser().is_dir() and \
                 (path_like(model) or "/" not in model):
             raise ConfigError(f"policy.model={model!r} is neither 'tiny' nor an existing directory; give the path of a "

@@ -8,7 +8,7 @@ import importlib.util
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional
 
-from prime_values.config.base import ConfigError, choice, free, ranged
+from prime_values.config.base import ConfigError, choice, free, ranged, reported
 from prime_values.tasks import make_task
 from prime_values.tasks.math import MathDataError, resolve_source
 from prime_values.tasks.pool import PromptPool
@@ -157,10 +157,8 @@ class MathTaskConfig(VerifiedTaskConfig):
                               "(or pip install -e '.[math]' in a checkout)")
         for key in ("data", "heldout_data"):
             if key == "data" or cfg.task[key]:
-                try:
+                with reported(MathDataError):
                     resolve_source(cfg.task[key], f"task.{key}", cfg.task.data_cache_dir)
-                except MathDataError as error:
-                    raise ConfigError(str(error)) from None
 
 
 @dataclass
@@ -193,10 +191,8 @@ class ReasoningGymTaskConfig(VerifiedTaskConfig):
         if importlib.util.find_spec("math_verify") is None:
             raise ConfigError("task.name=reasoning_gym needs math-verify: pip install 'prime_values[reasoning_gym]' "
                               "(or pip install -e '.[reasoning_gym]' in a checkout)")
-        try:
+        with reported(ReasoningGymError):
             check_dataset(task.dataset)
-        except ReasoningGymError as error:
-            raise ConfigError(str(error)) from None
         if "{question}" not in task.prompt_template:
             raise ConfigError(f"task.prompt_template={task.prompt_template!r} must contain '{{question}}'")
         if task.dataset_size <= task.heldout_size:
@@ -206,10 +202,8 @@ class ReasoningGymTaskConfig(VerifiedTaskConfig):
             raise ConfigError("task.chat=true needs task.chat_tokenizer (the policy's tokenizer, ${policy.model}); "
                               "or set task.chat=false")
         if task.chat:
-            try:
+            with reported(ReasoningGymError):
                 check_chat_source(task.chat_tokenizer)
-            except ReasoningGymError as error:
-                raise ConfigError(str(error)) from None
 
 
 @dataclass
@@ -239,10 +233,8 @@ class VerifiersTaskConfig(TaskConfig):
             return
         from prime_values.tasks.verifiers_env import VerifiersUnavailable, check_env_id
 
-        try:
+        with reported(VerifiersUnavailable):
             check_env_id(cfg.task.env_id, cfg.task.env_class)
-        except VerifiersUnavailable as error:
-            raise ConfigError(str(error)) from None
 
 
 TASK_CONFIGS: dict[str, type[TaskConfig]] = {
