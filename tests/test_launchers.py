@@ -70,7 +70,9 @@ def test_slurm_script_composes(monkeypatch):
     config.register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    monkeypatch.setattr(config, "_check_slurm", lambda launcher: None)  # no SLURM controller needed here
+    from prime_values.config import launcher as launcher_section
+
+    monkeypatch.setattr(launcher_section, "_check_slurm", lambda launcher: None)  # no SLURM controller needed here
     import submitit
 
     # nor SLURM's client commands: submitit's executor refuses to exist without srun on the PATH, and this test
