@@ -8,7 +8,6 @@ any job is submitted and without a traceback. Heavy imports (torch, transformers
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 from pathlib import Path
@@ -64,7 +63,7 @@ def explain(error: BaseException, composed=None) -> str:
     from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
     from prime_values.config import ConfigError
-    from prime_values.config.task import owner_of
+    from prime_values.config.task import unknown_key_hint
 
     if isinstance(error, ConfigError):
         return str(error)
@@ -76,11 +75,7 @@ def explain(error: BaseException, composed=None) -> str:
     if unknown or in_file or (isinstance(cause, ConfigKeyError) and getattr(cause, "full_key", None)):
         key = unknown.group(1) if unknown else in_file.group(2) if in_file else cause.full_key
         allowed = _allowed_keys(key, composed if unknown else None) if not in_file else []
-        name = key.rsplit(".", 1)[-1]
-        owners = owner_of(name) if key.startswith("task.") else []
-        near = difflib.get_close_matches(name, allowed, n=1)
-        hint = f" (a key of task={' / task='.join(owners)}: choose that task with task={owners[0]})" if owners \
-            else f" (did you mean '{near[0]}'?)" if near else ""
+        hint = unknown_key_hint(key, allowed)
         if in_file:  # a config file (an experiment) sets a key the chosen option (a task) does not have
             return f"config key '{key}' set by {in_file.group(1)} is not a key of this config{hint}; choose the " \
                    f"options that file was written for, or drop it"

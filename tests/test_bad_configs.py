@@ -38,6 +38,12 @@ CORPUS = [
     (["replay.capasity=10"], "replay.capasity", "did you mean 'capacity'"),
     (["+foo=1"], "foo", "remove it"),
     (["+critic.extra_head=true"], "critic.extra_head", "remove it"),
+    # each task has its own keys (prime_values/config/task.py)
+    (["task.digitz=3"], "task.digitz", "did you mean 'digits'"),
+    (["task.dataset=chain_sum"], "task.dataset", "a key of task=reasoning_gym"),
+    (["+task.env_id=x"], "task.env_id", "a key of task=verifiers"),
+    (["task.name=math"], "task.name=math", "choose the task with task=math"),
+    (["task=reverse_text"], "task.min_digits", "set by experiment/arith"),
     # wrong types
     (["policy.lr=fast"], "policy.lr", "could not be converted to Float"),
     (["inference.group_size=1.5"], "inference.group_size", "could not be converted to Integer"),

@@ -30,12 +30,6 @@ def reported(*errors: type[Exception]):
         raise ConfigError(str(error)) from None
 
 
-def _field(default: Any, metadata: dict) -> Any:
-    if callable(default) and not isinstance(default, (str, int, float, bool)):
-        return field(default_factory=default, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
 def choice(default: str, *choices: str) -> Any:
     """A string field whose value is one of `choices`."""
     assert default in choices or default is NO_DEFAULT, (default, choices)
@@ -45,14 +39,14 @@ def choice(default: str, *choices: str) -> Any:
 def ranged(default: Any, *bounds: str | tuple[str, str]) -> Any:
     """A numeric field with bounds such as '>= 1', '> 0', '<= 1', or an interval 'in [0, 1]' / 'in (0, 1]' /
     'in [0, 1)'; a bound may be (bound, the rest of its message). null (None) passes every bound."""
-    return _field(default, {"bounds": tuple(b if isinstance(b, tuple) else (b, "") for b in bounds)})
+    return field(default=default, metadata={"bounds": tuple(b if isinstance(b, tuple) else (b, "") for b in bounds)})
 
 
 def free(default: Any, why: str) -> Any:
     """A field with no generic rule: any value is valid, or a section's check says which are (`why` says which;
     tests/test_config_rules.py requires it of every number without bounds and of every string that looks like a
     closed set without choices)."""
-    return _field(default, {"free": why})
+    return field(default=default, metadata={"free": why})
 
 
 def _holds(bound: str, value) -> bool:

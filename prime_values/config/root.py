@@ -3,7 +3,6 @@ registration with Hydra, `validate` (each section's rules and checks in turn) an
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -21,7 +20,8 @@ from prime_values.config.policy import LoraSettings, PolicyConfig, TinyArch
 from prime_values.config.replay import ReplayConfig
 from prime_values.config.schedule import ScheduleConfig
 from prime_values.config.stages import EvalConfig, SFTConfig
-from prime_values.config.task import TASK_CONFIGS, TASK_NAMES, ArithTaskConfig, TaskConfig, owner_of
+from prime_values.config.task import (TASK_CONFIGS, TASK_NAMES, ArithTaskConfig, TaskConfig, owner_of,
+                                      unknown_key_hint)
 from prime_values.config.topology import TopologyConfig
 from prime_values.config.wandb import WandbConfig
 
@@ -130,10 +130,7 @@ def _no_unknown_keys(node, schema_node, prefix: str = "") -> None:
     for key in node.keys():
         if key not in schema_node.keys():
             allowed = sorted(str(k) for k in schema_node.keys())
-            owners = owner_of(str(key)) if prefix == "task." else []
-            near = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f" (a key of task={' / task='.join(owners)}: choose that task with task={owners[0]})" if owners \
-                else f" (did you mean '{near[0]}'?)" if near else ""
+            hint = unknown_key_hint(f"{prefix}{key}", allowed)
             raise ConfigError(f"unknown config key '{prefix}{key}'{hint}; remove it or use one of the keys under "
                               f"'{prefix or '<root>'}': {', '.join(allowed)}")
         if OmegaConf.is_missing(schema_node, key):  # a derived fact (resolved.*): filled when the run is prepared

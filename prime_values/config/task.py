@@ -4,6 +4,7 @@ unknown here (`task.dataset=x` with task=arith fails in one line, naming the tas
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional
@@ -251,3 +252,14 @@ def task_keys(name: str) -> list[str]:
 def owner_of(key: str) -> list[str]:
     """The tasks that have key `key` (for the message about a key of another task)."""
     return [name for name, cls in TASK_CONFIGS.items() if key in {f.name for f in fields(cls)}]
+
+
+def unknown_key_hint(full_key: str, allowed: list[str]) -> str:
+    """What to say about an unknown key: the task that has it (a task.* key of another task), else the allowed key
+    nearest its spelling, else nothing."""
+    section, _, name = full_key.rpartition(".")
+    owners = owner_of(name) if section == "task" else []
+    if owners:
+        return f" (a key of task={' / task='.join(owners)}: choose that task with task={owners[0]})"
+    near = difflib.get_close_matches(name, allowed, n=1)
+    return f" (did you mean '{near[0]}'?)" if near else ""

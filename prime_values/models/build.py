@@ -408,7 +408,8 @@ def load_merged(path: str | os.PathLike, kind: str | None = None, attention: Att
     kind = kind or kind_of(path)
     base = base_of(path)
     with _quiet_peft():
-        model = PeftModel.from_pretrained((load_critic if kind == "critic" else load_policy)(base, attention), str(path))
+        load = load_critic if kind == "critic" else load_policy
+        model = PeftModel.from_pretrained(load(base, attention), str(path))
     return model.merge_and_unload().eval()
 
 
