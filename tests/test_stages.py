@@ -307,3 +307,14 @@ def test_a_killed_stage_job_fails_at_once_with_its_signal(tmp_path):
         run_stage_job(RunDir(tmp_path / "run"), cfg, "sft", lambda run_dir: os.kill(os.getpid(), signal.SIGKILL),
                       "cpu")
     print(f"reported {time.time() - began:.1f} s after the submit")
+
+
+def test_a_stage_done_before_the_per_task_config_is_not_redone_for_the_other_tasks_keys():
+    """A done.json written when the task section held every task's keys: only this task's keys are compared."""
+    from prime_values.stages import _changed
+
+    new = {"task": {"name": "arith", "digits": 1, "seed": 3}, "seed": 0}
+    old = {"task": {"name": "arith", "digits": 1, "seed": 3, "dataset": "", "env_id": ""}, "seed": 0}
+    assert _changed(old, new) == []
+    assert _changed({**old, "task": {**old["task"], "digits": 2}}, new) == ["task.digits"]
+    assert _changed(old, {**new, "seed": 1}) == ["seed"]
