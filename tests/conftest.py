@@ -3,6 +3,11 @@
 - Tests marked `gpu` or `vllm` need a machine or a venv CI does not have: they are deselected unless the -m
   expression names the marker (`pytest -m vllm`, `pytest -m gpu`, `-m "vllm or not vllm"`), so that other -m
   expressions (`pytest -m "not slow"`, the fast tier) keep them out the way a plain `pytest` does.
+- One torch/OpenMP thread per process unless OMP_NUM_THREADS is set (tests/vllm/run.sh sets 2 for its engines):
+  the suite's models are tiny, and beside other processes (CI runs the vLLM tests next to this suite) a 2-thread
+  OpenMP team stalls at every barrier for a descheduled thread: the math test's 60-step SFT took 8-45 s with 2
+  threads on a loaded 2-core machine and 2.6-2.8 s with 1. The variable reaches every job the tests start (jobs
+  that run alone read it: prime_values.launch.solo_threads; roles use topology.threads_per_role).
 - Under CI=true a skipped test is a failure (the install or the machine is broken, and green would hide it); the
   reason is kept in the report. Expected failures are not skips: `xfail` stays (strict, setup.cfg).
 """
@@ -13,6 +18,8 @@ import os
 import re
 
 import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before any test module imports torch
 
 OPT_IN_MARKERS = ("gpu", "vllm")
 CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")

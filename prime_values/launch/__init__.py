@@ -92,6 +92,15 @@ def job_device(device: str) -> str:
     return device
 
 
+def solo_threads() -> int:
+    """torch CPU threads of a job that runs alone on its machine (the warm start, an sft/eval stage): every core,
+    unless OMP_NUM_THREADS says otherwise. The test suite sets it to 1: its tiny models gain nothing from a second
+    thread, and where other processes load the cores (CI runs two suites side by side) a 2-thread OpenMP team
+    waits at every barrier for a descheduled thread; measured on the math test's 60-step SFT stage on a loaded
+    2-core machine: 8-45 s with 2 threads against 2.6-2.8 s with 1 (docs/development.md, "Tests")."""
+    return int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1
+
+
 def descendants(pid: int) -> list[int]:
     """Every live descendant of `pid` (Linux /proc), children before grandchildren."""
     parents: dict[int, list[int]] = {}

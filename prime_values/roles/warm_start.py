@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 
@@ -18,6 +17,7 @@ import torch
 from prime_values.algo.ema import WeightAverage
 from prime_values.algo.gae import gae
 from prime_values.critic_io import critic_step, padded
+from prime_values.launch import solo_threads
 from prime_values.log import LogReader, to_rows
 from prime_values.roles.common import RoleContext
 from prime_values.roles.inference import env_rows
@@ -165,7 +165,7 @@ def main(run_dir: str) -> None:
         ctx.log.info("policy and critic already published in %s; nothing to do", ctx.run.root)
         ctx.mark_done()
         return
-    torch.set_num_threads(os.cpu_count() or 1)  # alone on the machine while it runs
+    torch.set_num_threads(solo_threads())  # alone on the machine while it runs
     task = make_task(**cfg.task)
     arch = dict(cfg.policy.arch)
     began = time.time()

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from prime_values.conductor import job_end, wait_for_fork_server
 from prime_values.config import resolve
-from prime_values.launch import job_device, kill_tree, local, make_executor, resolve_devices
+from prime_values.launch import job_device, kill_tree, local, make_executor, resolve_devices, solo_threads
 from prime_values.monitor import MetricsTail, MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
 
@@ -71,7 +71,7 @@ class StageContext:
         self.log = logging.getLogger(f"prime_values.stages.{name}")
         import torch
 
-        torch.set_num_threads(os.cpu_count() or 1)  # a stage runs alone on its machine
+        torch.set_num_threads(solo_threads())  # a stage runs alone on its machine
         torch.manual_seed(self.seed())
         from prime_values.models.build import configure_attention
 
