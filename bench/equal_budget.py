@@ -26,7 +26,8 @@ one from scratch (its run directory is removed and re-seeded: its figures then c
 Cells (`--cells`, `<kind>:<G>`, prompts per step = `--rollouts` / G): `grpo` (group mean), `gae` (privileged
 critic), `tether` (privileged critic blended with the group mean), `plain` (gae with critic.privileged=false).
 A cell may carry its own overrides after '@' (the learning-rate grid: `grpo:8@policy.lr=5e-5,gae:4@policy.lr=5e-5`,
-named grpo_g8_policy.lr5e-5, gae_g4_policy.lr5e-5); the target stays the plain grpo_g8 cell's.
+named grpo_g8_policy.lr5e-5, gae_g4_policy.lr5e-5). The target is grpo tuned with the same grid: of the grpo cells
+at G = 8 (grpo_g8 and its variants), the one with the highest mean final accuracy is the reference.
 
 Generated tokens are counted from the rollout log, not from the config: every rollout inference wrote (the
 warm-up ones the orchestrator dropped and stale ones included), policy tokens only (`policy_mask`), up to the
@@ -44,9 +45,11 @@ A rerun skips a run that has a record of the same checkpoint sha and grid; a che
 run is recorded is not rebuilt. A checkpoint rebuilt on another machine that comes out different (another sha)
 is a different checkpoint: the report keeps its runs apart (target, tokens, seeds), never pools them.
 
-Writes `<out>/equal_budget.md` (the table, the goals), `equal_budget.json` (per run and per cell) and
-`equal_budget.png` (held-out accuracy vs generated tokens, mean and band of +-1 standard deviation over seeds;
-the critic's explained variance vs step), all from the records.
+Writes `<out>/equal_budget.md` (per checkpoint the table and the goals; with several checkpoints, then the same
+over the cells run on every checkpoint, each run against its own checkpoint's target), `equal_budget.json` (per
+run and per cell) and the plots (held-out accuracy vs generated tokens, mean and band of +-1 standard deviation
+over seeds; the critic's explained variance vs step): `equal_budget_ckpt<C>-<sha>.png` per checkpoint and
+`equal_budget.png` over the checkpoints, all from the records.
 """
 
 from __future__ import annotations
@@ -428,9 +431,20 @@ def _mean_se(xs: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(xs), (statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else None)
 
 
-def summarize(runs: list[dict], reference: str = "grpo_g8") -> dict:
-    """Per cell over its runs: the GRPO-G8 target (per checkpoint, the mean final accuracy of its grpo_g8 runs),
+def reference_cell(runs: list[dict]) -> str:
+    """grpo tuned with the same grid as gae: of the grpo cells at G = 8 (grpo_g8 and its '@' variants), the one
+    with the highest mean final accuracy ("grpo_g8" when there is none)."""
+    finals: dict[str, list[float]] = defaultdict(list)
+    for r in runs:
+        if r["kind"] == "grpo" and r["group_size"] == 8:
+            finals[r["cell"]].append(r["final_accuracy"])
+    return max(finals, key=lambda c: (statistics.fmean(finals[c]), c == "grpo_g8"), default="grpo_g8")
+
+
+def summarize(runs: list[dict], reference: str | None = None) -> dict:
+    """Per cell over its runs: the target (per checkpoint, the mean final accuracy of the reference cell's runs),
     tokens to reach it, final accuracy, wall, critic EV and compute, and the all-equal group fraction."""
+    reference = reference or reference_cell(runs)
     for suffix, k in (("", 1), ("_smooth", SMOOTH)):  # as specified; and over SMOOTH evaluations
         targets = {}
         for c in {r["ckpt"] for r in runs}:
@@ -452,7 +466,7 @@ def summarize(runs: list[dict], reference: str = "grpo_g8") -> dict:
     for name, rs in sorted(cells.items(), key=lambda kv: (order[kv[1][0]["kind"]], -kv[1][0]["group_size"], kv[0])):
         acc, acc_se = _mean_se([r["final_accuracy"] for r in rs])
         out[name] = {
-            "runs": len(rs), "kind": rs[0]["kind"],
+            "runs": len(rs), "kind": rs[0]["kind"], "reference": reference,
             "group_size": rs[0]["group_size"], "prompts_per_step": rs[0]["prompts_per_step"],
             "start_accuracy_mean": _mean_se([r["start_accuracy"] for r in rs])[0],
             "final_accuracy_mean": acc, "final_accuracy_se": acc_se,
@@ -478,9 +492,10 @@ def summarize(runs: list[dict], reference: str = "grpo_g8") -> dict:
     return out
 
 
-def goals(summary: dict, reference: str = "grpo_g8") -> list[str]:
-    """The goal, gae at <= 0.5x grpo_g8's tokens beyond two standard errors: as specified (the first single
-    evaluation at or above grpo_g8's final one) and smoothed (both over SMOOTH evaluations)."""
+def goals(summary: dict) -> list[str]:
+    """The goal, gae at <= 0.5x the reference's (tuned grpo_g8) tokens beyond two standard errors: as specified (the
+    first single evaluation at or above the reference's final one) and smoothed (both over SMOOTH evaluations)."""
+    reference = next(iter(summary.values()))["reference"] if summary else "grpo_g8"
     lines = []
     for suffix, what in (("", "final accuracy"), ("_smooth", f"final accuracy, {SMOOTH}-evaluation means")):
         mean, se = f"tokens_to_target{suffix}_mean", f"tokens_to_target{suffix}_se"
@@ -505,8 +520,9 @@ def table(summary: dict) -> str:
     def f(x, spec):
         return "-" if x is None else format(x, spec)
 
-    rows = ["| cell | prompts x G | runs | reached | tokens to target (mean +- s.e.) | / grpo_g8 | "
-            f"smoothed ({SMOOTH} evals): reached, tokens | / grpo_g8 | start acc | "
+    ref = next(iter(summary.values()))["reference"] if summary else "grpo_g8"
+    rows = [f"| cell | prompts x G | runs | reached | tokens to target (mean +- s.e.) | / {ref} | "
+            f"smoothed ({SMOOTH} evals): reached, tokens | / {ref} | start acc | "
             "final acc (+- s.e.) | tokens at the end | wall s | critic EV | critic steps | critic CPU s | "
             "critic warm-start tokens | dropped rollouts | all-equal groups |", "|" + "---|" * 18]
     for name, s in summary.items():
@@ -538,8 +554,8 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
         tokens = [statistics.fmean(x[s][1] for x in at) for s in steps]
         mean = [statistics.fmean(x[s][0] for x in at) for s in steps]
         sd = [statistics.stdev(x[s][0] for x in at) if len(at) > 1 else 0.0 for s in steps]
-        color = f"C{i}"
-        acc_ax.plot(tokens, mean, color=color, marker="o", ms=2.5, label=f"{name} ({len(rs)} runs)")
+        color, style = plt.cm.tab20(i % 20), "--" if rs[0]["kind"] == "grpo" else "-"
+        acc_ax.plot(tokens, mean, color=color, ls=style, marker="o", ms=2.5, label=f"{name} ({len(rs)} runs)")
         acc_ax.fill_between(tokens, [m - d for m, d in zip(mean, sd)], [m + d for m, d in zip(mean, sd)],
                             color=color, alpha=0.15, lw=0)
         for r in rs:
@@ -574,23 +590,35 @@ def sync_records(out: Path, records: Path, key: dict) -> None:
 
 
 def report(out: Path, command: str, records: Path, key: dict) -> dict:
+    """The table, goals and plot per checkpoint, then (several checkpoints) over the cells run on every one;
+    returns the summary over all checkpoints (the only one's when there is one)."""
     sync_records(out, records, key)
     runs, other = load_records(records, key)
-    summary = summarize(runs)
-    shas = sorted({r["ckpt"] for r in runs})
+    shas = sorted({r["ckpt"] for r in runs}, key=lambda c: int(c.split("-")[0]))
     lines = ["# Equal budget: held-out accuracy per generated token", "", f"`{command}`", "",
              f"{len(runs)} finished runs recorded under `{records}` (checkpoints {', '.join(shas) or '-'}"
              f"{f'; {other} records of other grid parameters left out' if other else ''}). Target: the mean final "
-             "held-out accuracy of the grpo_g8 runs "
-             "of the same checkpoint; tokens to target = generated policy tokens (rollout log, every rollout, plus "
+             "held-out accuracy of the reference cell's runs of the same checkpoint (grpo at G = 8 at its best "
+             "learning rate of the grid: the grpo_g8 variant with the highest mean final accuracy); tokens to target "
+             "= generated policy tokens (rollout log, every rollout, plus "
              "the critic's warm start) behind the first evaluation at or above it (a run that never reaches it "
              f"counts its whole budget). Smoothed: the same with every accuracy the mean of its evaluation and the "
-             f"{SMOOTH - 1} before it (target: grpo_g8's mean of its last {SMOOTH}), less at the mercy of one "
+             f"{SMOOTH - 1} before it (target: the reference's mean of its last {SMOOTH}), less at the mercy of one "
              "evaluation's noise. Critic EV: pooled over each run's last 10 batches. All-equal groups: the "
-             "fraction of groups (G >= 2) whose rewards are all equal, mean over the run's batches.", "",
-             table(summary), "", *[f"- {g}" for g in goals(summary)]]
-    if runs:
-        plot(runs, summary, out / "equal_budget.png")
+             "fraction of groups (G >= 2) whose rewards are all equal, mean over the run's batches."]
+    for c in shas if len(shas) > 1 else []:
+        mine = [dict(r) for r in runs if r["ckpt"] == c]
+        part = summarize(mine)
+        plot(mine, part, out / f"equal_budget_ckpt{c}.png")
+        lines += ["", f"## Checkpoint {c}", "", table(part), "", *[f"- {g}" for g in goals(part)], "",
+                  f"![accuracy vs tokens, checkpoint {c}](equal_budget_ckpt{c}.png)"]
+    everywhere = [r for r in runs if all(any(x["cell"] == r["cell"] and x["ckpt"] == c for x in runs)
+                                         for c in shas)]
+    summary = summarize(everywhere)
+    lines += ["", f"## {'Over checkpoints ' + ', '.join(shas) + ' (cells run on each)' if len(shas) > 1 else 'Table'}",
+              "", table(summary), "", *[f"- {g}" for g in goals(summary)]]
+    if everywhere:
+        plot(everywhere, summary, out / "equal_budget.png")
         lines += ["", "![accuracy vs tokens](equal_budget.png)"]
     (out / "equal_budget.md").write_text("\n".join(lines) + "\n")
     (out / "equal_budget.json").write_text(json.dumps({"command": command, "summary": summary, "runs": runs},
