@@ -513,7 +513,28 @@ def goals(summary: dict) -> list[str]:
                      f"{ref[mean]:.0f} for {reference} (ratio {best['tokens_ratio' + suffix]:.2f}; goal <= 0.5 "
                      f"beyond two standard errors, +-{noise:.0f} tokens"
                      f"{'' if len(ses) == 2 else ', needs >= 2 seeds'}): {'MET' if met else 'NOT MET'}")
+    # the controls: the best critic-free cell at any G (is it the critic, or the smaller groups?), and the best
+    # unprivileged critic (is it the privileged answer?)
+    for kind, question in (("grpo", "the best grpo cell run (any G)"), ("plain", "a plain critic")):
+        lines += [_versus(summary, "gae", kind, suffix, question) for suffix in ("", "_smooth")
+                  if any(s["kind"] == kind for s in summary.values())]
     return lines
+
+
+def _versus(summary: dict, kind: str, other: str, suffix: str, question: str) -> str:
+    """The best `kind` cell against the best `other` cell (fewest tokens to the target): the ratio and the
+    difference with two standard errors of it."""
+    mean, se = f"tokens_to_target{suffix}_mean", f"tokens_to_target{suffix}_se"
+    best = {k: min(((n, s) for n, s in summary.items() if s["kind"] == k and s[mean] is not None),
+                   key=lambda kv: kv[1][mean], default=(None, None)) for k in (kind, other)}
+    (a, sa), (b, sb) = best[kind], best[other]
+    if a is None or b is None:
+        return f"{kind} vs {question}: needs a finished cell of each"
+    diff, noise = sa[mean] - sb[mean], 2 * math.hypot(sa[se] or 0.0, sb[se] or 0.0)
+    return (f"against {question}{' (smoothed)' if suffix else ''}: {a} {sa[mean]:.0f} vs {b} {sb[mean]:.0f} tokens "
+            f"(ratio {sa[mean] / sb[mean]:.2f}, difference {diff:+.0f} +- {noise:.0f} at two standard errors"
+            f"{'' if sa[se] is not None and sb[se] is not None else ', one seed in a cell'}); final accuracy "
+            f"{sa['final_accuracy_mean']:.3f} vs {sb['final_accuracy_mean']:.3f}")
 
 
 def table(summary: dict) -> str:

@@ -221,6 +221,9 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     assert run["target_smooth"] == pytest.approx(0.4) and summary["grpo_g8"]["tokens_to_target_smooth"] == [10]
     assert summary["gae_g1"]["tokens_to_target_smooth"] == [106]
     assert text.count("NOT MET") == 2
+    # the control without a critic: the best grpo cell at any G (here only grpo_g8), one seed each
+    assert ("against the best grpo cell run (any G): gae_g1 106 vs grpo_g8 10 tokens (ratio 10.60, difference +96 "
+            "+- 0 at two standard errors, one seed in a cell); final accuracy 0.600 vs 0.500") in text
     assert (root / "equal_budget.png").stat().st_size > 10_000
     # the records outlive the run directories (another machine): the same table from them alone
     sha = equal_budget.checkpoint_sha(base)
