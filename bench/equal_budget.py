@@ -79,8 +79,12 @@ KINDS = {
     "tether": ["advantage=tether", "critic.privileged=true"],
     "plain": ["advantage=gae", "critic.privileged=false"],
 }
+# the base's own sampling, pinned per experiment: the critic's warm start samples its rollouts as prompts x
+# inference.group_size, so a later change of the experiment's default G would make a rebuilt checkpoint another
+# one (another sha). arith's records were built at its default until stop 32, 32 x 4 (since then 64 x 2).
+BASE_PINS = {"arith": ["inference.group_size=4", "inference.prompts_per_step=32"]}
 PAUSE_S = 15  # seconds between two runs with the heavy lock released
-DEFAULT_CELLS = "grpo:8,gae:8,gae:4,gae:2,gae:1,grpo:4,grpo:2,tether:4,plain:4"
+DEFAULT_CELLS = "grpo:8,gae:8,gae:4,gae:2,gae:1,grpo:4,grpo:2,tether:1,plain:1"  # tether, plain: gae's best G
 # the tests' SMALL overrides (tests/e2e_helpers.py): a smaller model, one-digit sums, a short warm start
 SMOKE = ["task.digits=1", "task.min_digits=1", "replay.min_rollouts=8", "critic.batch_rollouts=8",
          "critic.publish_every=1", "policy.arch.hidden_size=64", "policy.arch.num_heads=2",
@@ -284,7 +288,8 @@ def run_grid(args, cells, common: list[str]) -> int:
                 build_smoke_base(base, common)
             else:
                 try:
-                    rc = child([*common, f"seed={c}", "steps=1", "eval_every=1", f"hydra.run.dir={base}"],
+                    rc = child([*common, *BASE_PINS.get(args.experiment, []), f"seed={c}", "steps=1",
+                                "eval_every=1", f"hydra.run.dir={base}"],
                                out / "logs" / f"ckpt{c}_base.txt", args.timeout, args.lock, args.stop_after)
                 except TooLate:
                     print(f"stop-after {args.stop_after} UTC passed while waiting for the lock: base not started")
