@@ -99,7 +99,7 @@ CORPUS = [
     (["inference.backend=tgi"], "inference.backend", "choose one of"),
     # unknown group options
     (["topology=ring"], "topology/ring", "available: colocated, cpu, dedicated"),
-    (["advantage=ppo"], "advantage/ppo", "available: gae, grpo, tether"),
+    (["advantage=ppo"], "advantage/ppo", "available: batch_loo, batch_mean, gae, grpo, reinforce, tether"),
     (["replay=lifo"], "replay/lifo", "available: fifo, recent, uniform"),
     (["critic=huge"], "critic/huge", "available:"),
     # missing paths

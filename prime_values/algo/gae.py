@@ -249,6 +249,32 @@ def grpo_advantages(
     return torch.where(mask, per_token, torch.zeros_like(per_token))
 
 
+BATCH_BASELINES = ("batch_mean", "batch_loo", "reinforce")
+
+
+def batch_baseline_advantages(rewards: Tensor, policy_mask: Tensor, baseline: str) -> Tensor:
+    """Advantages of one policy batch with a batch-wide baseline and no critic, broadcast over each rollout's policy
+    tokens.  rewards [B], policy_mask [B, T] -> [B, T].  The batch is every rollout of one policy step, of any
+    group size (the controls for a critic at G = 1):
+
+        batch_mean:  A_i = R_i − (1/B) · Σ_j R_j
+        batch_loo:   A_i = R_i − (1/(B−1)) · Σ_{j≠i} R_j  = B/(B−1) · (R_i − mean R)   (leave-one-out)
+        reinforce:   A_i = R_i                                                           (no baseline)
+
+    A batch of one has no other rollout: its leave-one-out baseline is its own reward (advantage 0), as in
+    `group_mean_baseline`.
+    """
+    assert baseline in BATCH_BASELINES, f"baseline {baseline!r} is not one of {BATCH_BASELINES}"
+    if baseline == "reinforce":
+        advantage = rewards
+    else:
+        one_group = torch.zeros(rewards.shape, dtype=torch.long, device=rewards.device)
+        advantage = rewards - group_mean_baseline(rewards, one_group, leave_one_out=baseline == "batch_loo")
+    mask = policy_mask.bool()
+    per_token = advantage[:, None].expand(mask.shape)
+    return torch.where(mask, per_token, torch.zeros_like(per_token))
+
+
 TETHER_MODES = ("group", "running")
 
 

@@ -6,12 +6,17 @@ from dataclasses import dataclass
 
 from prime_values.config.base import choice, ranged
 
+CRITIC_ESTIMATORS = ("gae", "tether")
+"""the estimators that read the critic's values (the others start no critic roles)"""
+
 
 @dataclass
 class AdvantageConfig:
-    estimator: str = choice("gae", "gae", "grpo", "tether")
-    """'gae' (pure value advantage from the critic), 'grpo' (group-mean baseline, no critic) or 'tether'
-    (baseline w·V + (1−w)·group mean, w = how accurate the critic is; see docs/value_functions.md)"""
+    estimator: str = choice("gae", "gae", "grpo", "tether", "batch_mean", "batch_loo", "reinforce")
+    """'gae' (pure value advantage from the critic), 'grpo' (group-mean baseline, no critic), 'tether'
+    (baseline w·V + (1−w)·group mean, w = how accurate the critic is), or a control without a critic at any group
+    size: 'batch_mean' (R − the policy batch's mean reward), 'batch_loo' (R − the mean reward of the batch's other
+    rollouts) or 'reinforce' (R, no baseline); formulas in docs/value_functions.md"""
     tether_mode: str = choice("group", "group", "running")
     """tether's weight w: 'group' = clamp(R², 0, 1) of the critic on each group's returns (a group whose returns
     do not vary: the running explained variance below); 'running' = clamp(explained variance on the last

@@ -8,13 +8,15 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING, OmegaConf
 
+from prime_values.config.advantage import CRITIC_ESTIMATORS
+
 
 @dataclass
 class Resolved:
     """Derived when the run is prepared and saved with it (a value given on the command line is replaced)."""
 
     uses_critic: bool = MISSING
-    """the run has a critic (value trainer, evaluators, critic warm start): advantage.estimator != 'grpo'"""
+    """the run has a critic (value trainer, evaluators, critic warm start): advantage.estimator is 'gae' or 'tether'"""
     lockstep: bool = MISSING
     """the lockstep schedule runs: schedule.mode == 'lockstep'"""
     max_off_policy: int = MISSING
@@ -24,7 +26,7 @@ class Resolved:
 def derive(cfg) -> dict:
     """The `resolved` section of `cfg` (every fact from the keys it is derived from)."""
     lockstep = cfg.schedule.mode == "lockstep"
-    return {"uses_critic": cfg.advantage.estimator != "grpo", "lockstep": lockstep,
+    return {"uses_critic": cfg.advantage.estimator in CRITIC_ESTIMATORS, "lockstep": lockstep,
             "max_off_policy": 0 if lockstep else int(cfg.schedule.max_off_policy)}
 
 

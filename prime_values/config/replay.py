@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prime_values.config.advantage import CRITIC_ESTIMATORS
 from prime_values.config.base import ConfigError, choice, ranged
 
 
@@ -33,7 +34,7 @@ class ReplayConfig:
         if replay.min_rollouts > replay.capacity:
             raise ConfigError(f"replay.min_rollouts={replay.min_rollouts} exceeds replay.capacity="
                               f"{replay.capacity}; the critic would never start training")
-        if cfg.advantage.estimator != "grpo" and replay.capacity < cfg.critic.batch_rollouts:
+        if cfg.advantage.estimator in CRITIC_ESTIMATORS and replay.capacity < cfg.critic.batch_rollouts:
             raise ConfigError(f"replay.capacity={replay.capacity} is smaller than one critic batch "
                               f"(critic.batch_rollouts={cfg.critic.batch_rollouts}); raise replay.capacity or lower "
                               "critic.batch_rollouts")

@@ -17,7 +17,8 @@ from collections import deque
 
 import torch
 
-from prime_values.algo.gae import (adaptive_lambda, advantages_and_targets, explained_variance, grpo_advantages,
+from prime_values.algo.gae import (BATCH_BASELINES, adaptive_lambda, advantages_and_targets,
+                                   batch_baseline_advantages, explained_variance, grpo_advantages,
                                    tether_advantages, whiten)
 from prime_values.algo.ev import ev_sums
 from prime_values.critic_io import padded
@@ -77,6 +78,9 @@ def score_group(rollouts: list[dict], values: list[dict] | None, cfg, critic_ev:
     mask = padded(rollouts, "policy_mask", torch.bool)
     rewards = torch.tensor([r["reward"] for r in rollouts], dtype=torch.float32)
     group_ids = torch.zeros(len(rollouts), dtype=torch.long)  # one group per call
+    if values is None and adv_cfg.estimator in BATCH_BASELINES:  # the baseline needs the whole batch: `baselined`
+        return {"advantages": batch_baseline_advantages(rewards, mask, "reinforce"), "targets": None, "values": None,
+                "mask": mask}
     if values is None:  # grpo: the group mean is the baseline, no critic involved
         advantages = grpo_advantages(rewards, group_ids, mask, normalize_std=adv_cfg.grpo_std)
         return {"advantages": advantages, "targets": None, "values": None, "mask": mask}
@@ -114,6 +118,21 @@ def score_groups(complete: list[tuple[list[dict], list[dict] | None]], cfg, rece
         if group_values is not None:
             recent.append(group)
         yield group
+
+
+def baselined(groups: list[dict], estimator: str) -> list[dict]:
+    """The groups of one policy batch with a batch-wide baseline (advantage=batch_mean / batch_loo / reinforce)
+    replacing their raw-reward advantages; the groups of any other estimator unchanged."""
+    if estimator not in BATCH_BASELINES:
+        return groups
+    rewards = torch.tensor([r["reward"] for g in groups for r in g["rollouts"]], dtype=torch.float32)
+    advantages = batch_baseline_advantages(rewards, _cat(groups, "mask"), estimator)
+    out, b = [], 0
+    for g in groups:
+        n, width = len(g["rollouts"]), g["scored"]["mask"].shape[1]
+        out.append({**g, "scored": {**g["scored"], "advantages": advantages[b: b + n, :width]}})
+        b += n
+    return out
 
 
 def target_rows(rollouts, values, scored) -> list[dict]:
@@ -376,6 +395,7 @@ def main(run_dir: str) -> None:
             groups = ready.take()
             if groups is None:
                 break
+            groups = baselined(groups, cfg.advantage.estimator)
             with timers.time("compute"):
                 rows = batch_rows(step, groups, cfg.advantage.whiten)
             with timers.time("io"):

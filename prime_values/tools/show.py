@@ -318,7 +318,7 @@ def header_lines(shown: Shown) -> list[str]:
     elif shown.critic_expected:
         lines.append("values   none: the evaluator has not scored this rollout (or retention deleted its record)")
     else:
-        lines.append("values   none: this run has no critic (advantage=grpo)")
+        lines.append("values   none: this run has no critic (its advantage estimator reads no values)")
     if b is not None:
         stale = (b["step"] - 1) - r["policy_version"]
         critic = f", critic version {b['critic_version']}" if b["critic_version"] >= 0 else ""
