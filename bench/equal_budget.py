@@ -24,7 +24,8 @@ one from scratch (its run directory is removed and re-seeded: its figures then c
 `--stop-after HH:MM` (UTC) starts no run after that time; the rest waits for the next invocation.
 
 Cells (`--cells`, `<kind>:<G>`, prompts per step = `--rollouts` / G): `grpo` (group mean), `gae` (privileged
-critic), `tether` (privileged critic blended with the group mean), `plain` (gae with critic.privileged=false).
+critic), `tether` (privileged critic blended with the group mean), `plain` (gae with critic.privileged=false),
+and the critic-free controls `mean` (advantage=batch_mean), `loo` (advantage=batch_loo) and `reinforce`.
 A cell may carry its own overrides after '@' (the learning-rate grid: `grpo:8@policy.lr=5e-5,gae:4@policy.lr=5e-5`,
 named grpo_g8_policy.lr5e-5, gae_g4_policy.lr5e-5). The target is grpo tuned with the same grid: of the grpo cells
 at G = 8 (grpo_g8 and its variants), the one with the highest mean final accuracy is the reference.
@@ -44,6 +45,12 @@ rollouts, steps, eval_every, heldout, overrides; a record of other parameters is
 A rerun skips a run that has a record of the same checkpoint sha and grid; a checkpoint whose every asked-for
 run is recorded is not rebuilt. A checkpoint rebuilt on another machine that comes out different (another sha)
 is a different checkpoint: the report keeps its runs apart (target, tokens, seeds), never pools them.
+
+Beside the table, every cell is compared with the reference paired by (checkpoint, RL seed), with 95% bootstrap
+intervals of the mean paired difference (bench/budget_stats.py): final accuracy, mean accuracy over the tokens both
+runs generated, tokens to four thresholds from below the reference's plateau to it (crossings interpolated between
+evaluations), and wall and CPU seconds to the last threshold (`eval_costs` of the records, the critic's warm start
+included; older records lack them).
 
 Writes `<out>/equal_budget.md` (per checkpoint the table and the goals; with several checkpoints, then the same
 over the cells run on every checkpoint, each run against its own checkpoint's target), `equal_budget.json` (per
@@ -71,6 +78,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from budget_stats import paired_table  # noqa: E402
+
 from prime_values.monitor import read_metrics  # noqa: E402
 
 KINDS = {
@@ -78,7 +87,13 @@ KINDS = {
     "gae": ["advantage=gae", "critic.privileged=true"],
     "tether": ["advantage=tether", "critic.privileged=true"],
     "plain": ["advantage=gae", "critic.privileged=false"],
+    # the critic-free controls at any G (a baseline of the whole policy batch, or none)
+    "mean": ["advantage=batch_mean"],
+    "loo": ["advantage=batch_loo"],
+    "reinforce": ["advantage=reinforce"],
 }
+CRITIC_FREE = {"grpo", "mean", "loo", "reinforce"}  # kinds that start no critic roles
+ESTIMATOR_KIND = {"grpo": "grpo", "batch_mean": "mean", "batch_loo": "loo", "reinforce": "reinforce"}
 # the base's own sampling, pinned per experiment: the critic's warm start samples its rollouts as prompts x
 # inference.group_size, so a later change of the experiment's default G would make a rebuilt checkpoint another
 # one (another sha). arith's records were built at its default until stop 32, 32 x 4 (since then 64 x 2).
@@ -351,13 +366,33 @@ def generated_tokens(run: Path) -> tuple[dict[int, int], int]:
     return dict(per_version), count
 
 
+NO_WARM_START = {"critic_pretrain_rollouts": 0, "critic_pretrain_generated_tokens": 0, "critic_pretrain_s": 0.0,
+                 "critic_pretrain_cpu_s": 0.0}
+
+
 def warm_tokens(run_dir: Path) -> dict:
     """The critic warm start's generation: its rollouts, tokens and seconds (from warm-start metrics)."""
-    out = {"critic_pretrain_rollouts": 0, "critic_pretrain_generated_tokens": 0, "critic_pretrain_s": 0.0}
+    out = dict(NO_WARM_START)
     for m in read_metrics(run_dir / "metrics" / "warm_start.jsonl"):
         for key in out:
             if key in m:
                 out[key] = m[key]
+    return out
+
+
+def eval_costs(run: Path, evals: list[dict], warm: dict, own_warm_start: bool) -> list[tuple[int, float, float]]:
+    """(step, wall s, CPU s) behind each held-out evaluation: wall from the run's first metrics line, CPU the sum
+    over its roles of each process's CPU seconds logged by then (`cpu_s`); both plus the critic's warm start when
+    the base made it (`own_warm_start` False: a privileged cell), whose wall the run's own clock never saw."""
+    per_role = [[(m["time"], m["cpu_s"]) for m in read_metrics(f) if "time" in m and "cpu_s" in m]
+                for f in sorted((run / "metrics").glob("*.jsonl"))]
+    times = [m["time"] for f in (run / "metrics").glob("*.jsonl") for m in read_metrics(f) if "time" in m]
+    start = min(times)
+    extra_wall = 0.0 if own_warm_start else warm["critic_pretrain_s"]
+    out = []
+    for m in evals:
+        cpu = sum(max((c for t, c in role if t <= m["time"]), default=0.0) for role in per_role)
+        out.append((m["step"], round(m["time"] - start + extra_wall, 2), round(cpu + warm["critic_pretrain_cpu_s"], 2)))
     return out
 
 
@@ -372,15 +407,15 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
         return None
     cfg = OmegaConf.load(run / "config.yaml")
     policy = read_metrics(run / "metrics" / "policy_trainer.jsonl")
-    evals = [(m["step"], m["heldout_accuracy"]) for m in policy if "heldout_accuracy" in m]
+    eval_rows = [m for m in policy if "heldout_accuracy" in m]
+    evals = [(m["step"], m["heldout_accuracy"]) for m in eval_rows]
     trained = [m for m in policy if "loss" in m]
     if not evals or not trained:
         return None
-    kind = "grpo" if cfg.advantage.estimator == "grpo" else \
-        "plain" if not cfg.critic.privileged else cfg.advantage.estimator
+    kind = ESTIMATOR_KIND.get(cfg.advantage.estimator) or \
+        ("plain" if not cfg.critic.privileged else cfg.advantage.estimator)
     # the critic's warm start: the base's (shared by every privileged run of the checkpoint) or the run's own
-    warm = {"critic_pretrain_rollouts": 0, "critic_pretrain_generated_tokens": 0, "critic_pretrain_s": 0.0} \
-        if kind == "grpo" else warm_tokens(run if kind == "plain" else base)
+    warm = dict(NO_WARM_START) if kind in CRITIC_FREE else warm_tokens(run if kind == "plain" else base)
     per_version, rollouts = generated_tokens(run)
     cumulative, tokens_before = 0, {}
     for version in range(0, max([*per_version, cfg.steps]) + 2):
@@ -390,7 +425,7 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
     batches = [m for m in orch if "step" in m]
     times = [m["time"] for f in (run / "metrics").glob("*.jsonl") for m in read_metrics(f) if "time" in m]
     critic_cpu = sum(last(read_metrics(run / "metrics" / f"{role}.jsonl"), "cpu_s") or 0.0
-                     for role in ("value_trainer", "evaluator")) if kind != "grpo" else 0.0
+                     for role in ("value_trainer", "evaluator")) if kind not in CRITIC_FREE else 0.0
     summary = json.loads((run / "report" / "summary.json").read_text()) if (run / "report" / "summary.json").exists() \
         else {}
     equal = [m["groups_equal_reward"] for m in batches if m.get("groups_equal_reward") is not None]
@@ -406,11 +441,12 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
         "log_tokens": cumulative, "log_rollouts": rollouts, **warm,
         "dropped_stale": last(batches, "dropped_stale") or 0, "dropped_warmup": last(batches, "dropped_warmup") or 0,
         "wall_s": trained[-1]["time"] - min(times) if times else None,
-        "critic_steps": summary.get("critic_steps", 0) if kind != "grpo" else 0,
+        "critic_steps": summary.get("critic_steps", 0) if kind not in CRITIC_FREE else 0,
         "critic_cpu_s": critic_cpu, "policy_cpu_s": last(policy, "cpu_s"),
-        "final_explained_variance": summary.get("final_explained_variance") if kind != "grpo" else None,
+        "final_explained_variance": summary.get("final_explained_variance") if kind not in CRITIC_FREE else None,
         "groups_equal_reward": statistics.fmean(equal) if equal else None,
-        "ev_curve": ev if kind != "grpo" else [],  # (step, the orchestrator's critic EV on that batch)
+        "ev_curve": ev if kind not in CRITIC_FREE else [],  # (step, the orchestrator's critic EV on that batch)
+        "eval_costs": eval_costs(run, eval_rows, warm, own_warm_start=kind in CRITIC_FREE or kind == "plain"),
     }
 
 
@@ -520,7 +556,9 @@ def goals(summary: dict) -> list[str]:
                      f"{'' if len(ses) == 2 else ', needs >= 2 seeds'}): {'MET' if met else 'NOT MET'}")
     # the controls: the best critic-free cell at any G (is it the critic, or the smaller groups?), and the best
     # unprivileged critic (is it the privileged answer?)
-    for kind, question in (("grpo", "the best grpo cell run (any G)"), ("plain", "a plain critic")):
+    for kind, question in (("grpo", "the best grpo cell run (any G)"), ("plain", "a plain critic"),
+                           ("mean", "a batch-mean baseline, no critic"), ("loo", "a leave-one-out batch baseline"),
+                           ("reinforce", "no baseline at all")):
         lines += [_versus(summary, "gae", kind, suffix, question) for suffix in ("", "_smooth")
                   if any(s["kind"] == kind for s in summary.values())]
     return lines
@@ -580,7 +618,7 @@ def plot(runs: list[dict], summary: dict, path: Path) -> None:
         tokens = [statistics.fmean(x[s][1] for x in at) for s in steps]
         mean = [statistics.fmean(x[s][0] for x in at) for s in steps]
         sd = [statistics.stdev(x[s][0] for x in at) if len(at) > 1 else 0.0 for s in steps]
-        color, style = plt.cm.tab20(i % 20), "--" if rs[0]["kind"] == "grpo" else "-"
+        color, style = plt.cm.tab20(i % 20), "--" if rs[0]["kind"] in CRITIC_FREE else "-"
         acc_ax.plot(tokens, mean, color=color, ls=style, marker="o", ms=2.5, label=f"{name} ({len(rs)} runs)")
         acc_ax.fill_between(tokens, [m - d for m, d in zip(mean, sd)], [m + d for m, d in zip(mean, sd)],
                             color=color, alpha=0.15, lw=0)
@@ -615,6 +653,16 @@ def sync_records(out: Path, records: Path, key: dict) -> None:
                 write_record(records, key, run, out, ckpt, sha)
 
 
+def paired_section(runs: list[dict]) -> list[str]:
+    """Every cell against the reference cell, paired by (checkpoint, RL seed) (bench/budget_stats.py)."""
+    reference = reference_cell(runs)
+    return [f"Paired by seed against {reference} (cell minus {reference}; mean [95% bootstrap interval] over the "
+            "seeds both ran; crossings interpolated between evaluations; thresholds: the reference's start "
+            "accuracy plus 25/50/75/100% of its gain; mean accuracy over the tokens both runs generated; wall and "
+            "CPU seconds include the critic's warm start; '-' where no record keeps the costs per evaluation):",
+            "", *paired_table(runs, reference)]
+
+
 def report(out: Path, command: str, records: Path, key: dict) -> dict:
     """The table, goals and plot per checkpoint, then (several checkpoints) over the cells run on every one;
     returns the summary over all checkpoints (the only one's when there is one)."""
@@ -637,12 +685,12 @@ def report(out: Path, command: str, records: Path, key: dict) -> dict:
         part = summarize(mine)
         plot(mine, part, out / f"equal_budget_ckpt{c}.png")
         lines += ["", f"## Checkpoint {c}", "", table(part), "", *[f"- {g}" for g in goals(part)], "",
-                  f"![accuracy vs tokens, checkpoint {c}](equal_budget_ckpt{c}.png)"]
+                  *paired_section(mine), "", f"![accuracy vs tokens, checkpoint {c}](equal_budget_ckpt{c}.png)"]
     everywhere = [r for r in runs if all(any(x["cell"] == r["cell"] and x["ckpt"] == c for x in runs)
                                          for c in shas)]
     summary = summarize(everywhere)
     lines += ["", f"## {'Over checkpoints ' + ', '.join(shas) + ' (cells run on each)' if len(shas) > 1 else 'Table'}",
-              "", table(summary), "", *[f"- {g}" for g in goals(summary)]]
+              "", table(summary), "", *[f"- {g}" for g in goals(summary)], "", *paired_section(everywhere)]
     if everywhere:
         plot(everywhere, summary, out / "equal_budget.png")
         lines += ["", "![accuracy vs tokens](equal_budget.png)"]

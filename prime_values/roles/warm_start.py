@@ -186,7 +186,7 @@ def main(run_dir: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     critic = initial_critic(cfg, policy_dir, tokenizer, seed=ctx.seed(1), attention=ctx.attention).to(ctx.device)
     if cfg.critic.warm_start.steps > 0 and cfg.resolved.uses_critic:
-        began = time.time()
+        began, cpu_began = time.time(), time.process_time()
         from_run = cfg.critic.warm_start.from_run
         rows = rollouts_of_run(ctx, from_run) if from_run else sample_for_critic(ctx, model, tokenizer, task)
         # what the critic's warm start cost in generation (0 new tokens when it reuses an earlier run's log):
@@ -194,6 +194,6 @@ def main(run_dir: str) -> None:
         generated = 0 if from_run else sum(sum(r["policy_mask"]) for r in rows)
         ctx.metrics.log(critic_pretrain_rollouts=len(rows), critic_pretrain_generated_tokens=generated)
         pretrain_critic(ctx, critic, tokenizer, rows)
-        ctx.metrics.log(critic_pretrain_s=time.time() - began)
+        ctx.metrics.log(critic_pretrain_s=time.time() - began, critic_pretrain_cpu_s=time.process_time() - cpu_began)
     publish(critic_root, 0, lambda path: save_model(critic, tokenizer, path))
     ctx.mark_done()
