@@ -303,8 +303,8 @@ def run_grid(args, cells, common: list[str]) -> int:
                 build_smoke_base(base, common)
             else:
                 try:
-                    rc = child([*common, *BASE_PINS.get(args.experiment, []), f"seed={c}", "steps=1",
-                                "eval_every=1", f"hydra.run.dir={base}"],
+                    rc = child([*common, *BASE_PINS.get(args.experiment, []), f"seed={c}",
+                                f"policy.warm_start.seed={c}", "steps=1", "eval_every=1", f"hydra.run.dir={base}"],
                                out / "logs" / f"ckpt{c}_base.txt", args.timeout, args.lock, args.stop_after)
                 except TooLate:
                     print(f"stop-after {args.stop_after} UTC passed while waiting for the lock: base not started")

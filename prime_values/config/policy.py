@@ -56,6 +56,10 @@ class WarmStartConfig:
 
     steps: int = ranged(900, ">= 0")
     """at most this many SFT optimizer steps before RL starts (0 = start RL from the model as loaded)"""
+    seed: int = ranged(0, ">= 0")
+    """the warm start's own seed (the embedded model's initialisation, SFT's batches, the critic's pretraining
+    samples and initialisation), apart from the RL `seed`: runs that differ only in `seed` start from the same
+    version 0, so their spread is RL's own"""
     target_accuracy: float = ranged(0.3, "in [0, 1]")
     """stop SFT early once greedy accuracy on a fixed validation sample of training problems
     (never the held-out set) reaches this (checked every `check_every` steps; 0 = never stop early), so RL starts from a policy that solves some problems but has room to improve"""

@@ -31,6 +31,7 @@ class RoleContext:
         import torch
 
         torch.set_num_threads(self.cfg.topology.threads_per_role)
+        self.seed_root = self.cfg.seed  # what this role's seeds derive from (the warm start: its own seed)
         torch.manual_seed(self.seed())
         self.attention = None  # a role that builds models: its attention kernel and weight dtype, logged once,
         if device_key:  # passed to every model it builds or loads
@@ -42,8 +43,8 @@ class RoleContext:
             raise RuntimeError(f"injected fault in role {name} (PRIME_VALUES_FAULT={name})")
 
     def seed(self, *salt: int) -> int:
-        """A seed of this role's own, derived from the run seed (every worker gets a different stream)."""
-        return zlib.crc32(repr((self.cfg.seed, self.name, salt)).encode()) % (2**31)
+        """A seed of this role's own, derived from `seed_root` (every worker gets a different stream)."""
+        return zlib.crc32(repr((self.seed_root, self.name, salt)).encode()) % (2**31)
 
     def heartbeat(self) -> None:
         now = time.time()

@@ -160,6 +160,8 @@ def main(run_dir: str) -> None:
 
     ctx = RoleContext(run_dir, "warm_start", "policy_trainer_device")  # the policy trainer's device is free now
     cfg = ctx.cfg
+    ctx.seed_root = cfg.policy.warm_start.seed  # version 0 does not depend on the RL seed
+    torch.manual_seed(ctx.seed())
     policy_root, critic_root = ctx.run.weights("policy"), ctx.run.weights("critic")
     if latest_version(policy_root) is not None and latest_version(critic_root) is not None:
         ctx.log.info("policy and critic already published in %s; nothing to do", ctx.run.root)
