@@ -40,7 +40,7 @@ SMALL = ["+experiment=arith", "task.digits=1", "steps=8", "eval_every=4", "polic
 # problems is solved (at most 400 steps), the critic pretrained on 256 Monte-Carlo returns of v0's own samples
 CHECKPOINT = [*SMALL, "policy.warm_start.steps=400", "policy.warm_start.target_accuracy=0.5",
               "policy.warm_start.batch_size=64", "policy.warm_start.lr=3e-3",
-              "critic.warm_start.steps=40", "critic.warm_start.rollouts=256"]
+              "critic.warm_start.steps=400", "critic.warm_start.rollouts=256"]
 
 _checkpoint: Path | None = None
 
@@ -146,8 +146,11 @@ def weights_changed(root: Path, version: int) -> float:
 
 
 def assert_learned(run_dir: Path, critic: bool = True, lockstep: bool = False) -> dict:
-    """The run did learn, not only run: rewards vary (so advantages can be nonzero), advantages are nonzero, the
-    policy gradient is nonzero, the last policy version differs from version 0; with a critic, its last version
+    """The run did learn, not only run, and in the right direction: rewards vary (so advantages can be nonzero),
+    advantages are nonzero, the policy gradient is nonzero, the last policy version differs from version 0, and
+    each step moved the policy the way its advantages ask: `direction_gap` (the step's change in mean logprob of
+    positive-advantage tokens minus that of negative-advantage tokens, on its own batch) is > 0 on most steps, which
+    a flipped advantage or loss sign turns < 0 on most steps; with a critic, its last version
     differs from its version 0 and its loss moved; in lockstep mode the first step is on-policy (importance ratio 1
     within 1e-3). Returns the figures it checked (printed on failure)."""
     run_dir = Path(run_dir)
@@ -159,6 +162,7 @@ def assert_learned(run_dir: Path, critic: bool = True, lockstep: bool = False) -
     figures = {"reward_mean": sum(rewards) / len(rewards), "rewards_distinct": sorted(set(rewards)),
                "advantage_abs_mean": sum(abs(a) for a in advantages) / len(advantages),
                "grad_norms": [m.get("grad_norm") for m in steps],
+               "direction_gaps": [m.get("direction_gap") for m in steps],
                "policy_weight_change": weights_changed(run_dir / "weights" / "policy", last)}
     assert len(set(rewards)) >= 2, f"every reward in the batches is {rewards[0]}: nothing to learn from {figures}"
     assert figures["advantage_abs_mean"] > 1e-3, f"the advantages are all ~0: {figures}"
@@ -167,6 +171,13 @@ def assert_learned(run_dir: Path, critic: bool = True, lockstep: bool = False) -
     assert len(nonzero) * 2 >= len(steps), f"the policy gradient was zero at most steps: {figures}"
     # an AdamW step with a nonzero gradient moves a weight by up to ~lr, far above float32 resolution at these sizes
     assert figures["policy_weight_change"] > 0, f"policy version {last} is version 0's weights: {figures}"
+    # undefined (None) on a step without tokens on both sides (grpo: every group all-right or all-wrong). A correct
+    # step's gap is first order in the step (~lr x gradient, measured 0.02-0.5 here), one the wrong way is as large
+    # with the other sign; a gap below 0 on a correct step needs the second-order terms to win (an overshoot),
+    # which these small steps rarely do: 3 in 4 of the defined steps, and at least 2 of them, must be positive
+    gaps = [g for g in figures["direction_gaps"] if g is not None]
+    assert len(gaps) >= 2 and sum(g > 0 for g in gaps) * 4 >= len(gaps) * 3, \
+        f"the policy steps did not raise positive-advantage tokens over negative ones (direction_gap): {figures}"
     if critic:
         critic_steps = [m for m in read_metrics(run_dir / "metrics" / "value_trainer.jsonl") if "value_loss" in m]
         losses = [m["value_loss"] for m in critic_steps]

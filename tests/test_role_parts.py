@@ -26,7 +26,7 @@ def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 
 
 def values_row(rid: str, values: list[float], version: int = 3) -> dict:
     return {"rollout_id": rid, "critic_version": version, "values": values, "cut": False, "scored_at": 0.0,
-            "valued_tokens": len(values), "bootstrap_value": 0.0}
+            "valued_tokens": len(values), "bootstrap_value": 0.0, "token_digest": 0}
 
 
 def test_group_waits_for_every_rollout_and_every_value():
@@ -205,7 +205,7 @@ def test_value_trainer_rebuilds_replay_from_the_log_with_reuse_counts(tmp_path):
         r = rollout(f"r{i}", f"g{i // 2}", float(i % 2), version=i // 4)
         return {k: r[k] for k in ("rollout_id", "group_id", "policy_version", "token_ids", "policy_mask",
                                   "privileged", "reward")} | {
-            "critic_version": 0, "values": [0.0] * 5, "value_targets": [0.0] * 5, "created_at": 0.0}
+            "critic_version": 0, "values": [0.0] * 5, "value_targets": [0.0] * 5, "token_digest": 0, "created_at": 0.0}
 
     writer, reader = ctx.writer("targets", "main"), ctx.reader("targets", "value_trainer")
     live = ReplayBuffer(6, 2, "uniform", seed=1)
