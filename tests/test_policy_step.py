@@ -18,7 +18,7 @@ from prime_values.algo.losses import token_logprobs
 from prime_values.config import Config
 from prime_values.roles import policy_trainer
 
-ARCH = dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+from test_mixed_precision import ARCH, policy_rows
 
 
 def setup(temperature: float = 1.0, lr: float = 1e-3, **policy):
@@ -35,19 +35,16 @@ def setup(temperature: float = 1.0, lr: float = 1e-3, **policy):
 
 
 def batch(model, tok, temperature: float, n: int = 8, shift: float = 0.0) -> list[dict]:
-    """`n` rollouts (prompt, then response = policy tokens) with the model's own logprobs at `temperature` plus
-    `shift` as their sampling logprobs; rollout i has advantage +1 (even i) or -1 (odd i) on every policy token."""
-    gen = torch.Generator().manual_seed(1)
-    rows = []
-    for i in range(n):
-        prompt, response = 3 + i % 3, 5 + (2 * i) % 5
-        ids = torch.randint(4, len(tok), (prompt + response,), generator=gen)
+    """`n` rollouts (tests/test_mixed_precision.py's: prompt, then response = policy tokens) with the model's own
+    logprobs at `temperature` plus `shift` as their sampling logprobs; rollout i has advantage +1 (even i) or -1
+    (odd i) on every policy token."""
+    rows = policy_rows(model, tok, n)
+    for i, row in enumerate(rows):
+        ids, mask = torch.tensor(row["token_ids"]), row["policy_mask"]
         with torch.no_grad():
             own = token_logprobs(model(input_ids=ids[None]).logits.float(), ids[None], temperature)[0]
-        mask = [0] * prompt + [1] * response
-        rows.append({"token_ids": ids.tolist(), "policy_mask": mask,
-                     "sampling_logprobs": [(x + shift) * m for x, m in zip(own.tolist(), mask)],
-                     "advantages": [(1.0 if i % 2 == 0 else -1.0) * m for m in mask], "reward": float(i % 2 == 0)})
+        row["sampling_logprobs"] = [(x + shift) * m for x, m in zip(own.tolist(), mask)]
+        row["advantages"] = [(1.0 if i % 2 == 0 else -1.0) * m for m in mask]
     return rows
 
 
@@ -68,7 +65,7 @@ def test_ratio_compares_the_trainers_logprobs_with_the_sampling_ones():
 def test_trainer_logprobs_use_the_sampling_temperature(temperature):
     # sampled at T: the trainer's logprobs at T give ratio 1 and k3 = 0 up to rounding (k3 ~ (l - s)^2 / 2 ~ 1e-12);
     # the trainer's logprobs at T = 1 instead differ from them by |1/T - 1| x the (small, untrained) logits, a
-    # k3 of ~1e-3 (measured 3.2e-3 and 2.5e-3 at T = 0.7 / 1.6), far above 1e-6
+    # k3 of ~1e-3 (measured 2.8e-3 and 2.1e-3 at T = 0.7 / 1.6), far above 1e-6
     tok, model, cfg = setup(temperature)
     stats = step(model, tok, cfg, batch(model, tok, temperature))
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["approx_kl"] < 1e-7
@@ -81,7 +78,7 @@ def test_trainer_logprobs_use_the_sampling_temperature(temperature):
 def test_direction_gap_is_positive_after_a_correct_step_and_negative_after_a_flipped_one(trust_region,
                                                                                          monkeypatch):
     # one AdamW step (lr 1e-3) on half +1, half -1 advantages: a descent step on -sum A l raises the logprobs of
-    # the A > 0 tokens relative to the A < 0 ones (measured: a gap of 0.35-0.8 on this tiny model); a loss whose
+    # the A > 0 tokens relative to the A < 0 ones (measured: a gap of 0.57 on this tiny model); a loss whose
     # sign is flipped does the opposite
     tok, model, cfg = setup(trust_region=trust_region)
     good = step(model, tok, cfg, batch(model, tok, 1.0))

@@ -75,6 +75,11 @@ def direction_after_step(model, seen: list, temperature: float) -> dict:
                                temperature)
         for key, value in logprob_shift_sums(before, after, advantages, mask).items():
             sums[key] = sums.get(key, 0.0) + value
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():  # FSDP2 keeps the root's parameters gathered after a forward without backward
+        if isinstance(module, FSDPModule):  # (the optimizer and its state dict hold the sharded ones)
+            module.reshard()
     return direction_gap(dist.all_reduce_sum(sums))
 
 
