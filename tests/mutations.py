@@ -196,6 +196,7 @@ class Outcome:
     status: str  # passed | failed | skipped
     seconds: float
     timeout: bool = False  # failed because a subprocess of the test timed out (a hung run)
+    message: str = ""  # the failure's first line (what caught it)
 
 
 def node_id(case: ET.Element, tree: Path) -> str:
@@ -237,16 +238,16 @@ def run_tests(tree: Path, tests: tuple[str, ...], timeout_s: float, checkpoint: 
         detail = "" if problem is None else f"{problem.get('message', '')}\n{problem.text or ''}"
         outcomes[node_id(case, tree)] = Outcome(
             "failed" if problem is not None else "skipped" if skipped else "passed", float(case.get("time", 0)),
-            timeout="TimeoutExpired" in detail)
+            timeout="TimeoutExpired" in detail, message=detail.strip().split("\n")[0][:160])
     return outcomes, text[-2000:], time.time() - began
 
 
-def catches(baseline: dict[str, Outcome], mutant: dict[str, Outcome] | None) -> list[tuple[str, float]]:
-    """(test, seconds) of each honest catch: passed in the baseline, failed on the mutant, not by a timeout, in
-    under CATCH_LIMIT_S."""
+def catches(baseline: dict[str, Outcome], mutant: dict[str, Outcome] | None) -> list[tuple[str, float, str]]:
+    """(test, seconds, failure) of each honest catch: passed in the baseline, failed on the mutant, not by a
+    timeout, in under CATCH_LIMIT_S."""
     if mutant is None:
         return []
-    return [(test, o.seconds) for test, o in sorted(mutant.items())
+    return [(test, o.seconds, o.message) for test, o in sorted(mutant.items())
             if o.status == "failed" and not o.timeout and o.seconds < CATCH_LIMIT_S
             and baseline.get(test, Outcome("missing", 0)).status == "passed"]
 
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             mutant, tail, seconds = run_tests(tree, m.tests, args.timeout, None if m.own_checkpoint else checkpoint)
         caught = catches(baseline, mutant)
         results.append((m, caught, mutant is None))
-        verdict = ("caught by " + ", ".join(f"{t} ({s:.0f} s)" for t, s in caught) if caught else
+        verdict = ("caught by " + "".join(f"\n  {t} ({s:.0f} s): {why}" for t, s, why in caught) if caught else
                    "SURVIVED (harness timeout: not a catch)" if mutant is None else "SURVIVED (no honest catch)")
         print(f"{m.name}: {verdict} [{seconds:.0f} s]", flush=True)
         if args.verbose or not caught:
@@ -313,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{time.strftime('%Y-%m-%d')}, commit {commit}\n\n| mutation | role | breaks | caught by (seconds) |\n"
           "|---|---|---|---|")
     for m, caught, _ in results:
-        by = "<br>".join(f"`{t.split('/')[-1]}` ({s:.0f})" for t, s in caught) or "**nothing**"
+        by = "<br>".join(f"`{t.split('/')[-1]}` ({s:.0f})" for t, s, _ in caught) or "**nothing**"
         print(f"| {m.name} | {m.role} | {m.promise} | {by} |")
     if broken:
         return 3
