@@ -52,6 +52,7 @@ class Mutation:
 
 E2E_GRPO = "tests/test_pipeline.py::test_pipeline_grpo_lockstep_starts_no_critic"
 E2E_TWO = "tests/test_pipeline.py::test_two_inference_workers_and_two_evaluators"
+E2E_COLOCATED = "tests/test_pipeline.py::test_pipeline_with_critic[colocated]"
 STEP = "tests/test_policy_step.py"
 WIRING = "tests/test_orchestrator_wiring.py"
 DIRECTION = f"{STEP}::test_direction_gap_is_positive_after_a_correct_step_and_negative_after_a_flipped_one[clip]"
@@ -130,7 +131,7 @@ MUTATIONS = [
              "prime_values/roles/evaluator.py",
              "values = inputs.values(critic, self.cfg.critic.loss).float().cpu()",
              "values = inputs.values(critic, self.cfg.critic.loss).float().cpu() * 0 + 0.5",
-             (E2E_TWO,)),
+             (E2E_TWO, E2E_COLOCATED)),
     # inference
     Mutation("inference-drops-privileged", "inference", "the critic sees the privileged context",
              "prime_values/roles/inference.py",

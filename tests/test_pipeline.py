@@ -99,11 +99,20 @@ def test_pipeline_with_critic(tmp_path, topology):
         prompts = set(stream_table(run_dir, "rollouts").column("prompt_id").to_pylist())
         assert len(prompts) <= 6, f"task.train_pool=6 but inference drew {len(prompts)} distinct prompts"
         batches = [m for m in read_metrics(run_dir / "metrics" / "orchestrator.jsonl") if "step" in m]
-        assert all(0 <= m["tether_weight_mean"] <= 1 for m in batches)
-        assert all("masked_fraction" in m for m in read_metrics(run_dir / "metrics" / "policy_trainer.jsonl")
-                   if "loss" in m)
-        values = stream_table(run_dir, "values").column("values").combine_chunks().values.to_numpy()
-        assert ((values >= 0) & (values <= 1)).all(), "bce critic values must be probabilities"
+        # tether_mode=group weighs the critic by its R^2 on each group (0 for a useless critic, e.g. a constant);
+        # measured 0-0.29 per batch (2026-12-03), so a critic the blend never uses fails
+        weights = [m["tether_weight_mean"] for m in batches]
+        assert max(weights) > 0.05, f"advantage=tether never used the critic: weights {weights}"
+        # the bce critic discriminates: at the last policy token (<eos>: the answer written, the reference
+        # privileged) its value is higher for right answers than for wrong ones. Measured 0.74 against 0.46 on
+        # 42 / 86 rollouts (2026-12-03); a constant or answer-blind critic gives ~0
+        rollouts = {r["rollout_id"]: r for r in stream_table(run_dir, "rollouts").to_pylist()}
+        last = {True: [], False: []}
+        for v in stream_table(run_dir, "values").to_pylist():
+            r = rollouts[v["rollout_id"]]
+            last[r["reward"] == 1.0].append(v["values"][max(i for i, m in enumerate(r["policy_mask"]) if m)])
+        means = {k: sum(x) / len(x) for k, x in last.items()}
+        assert means[True] - means[False] > 0.1, f"the bce critic's final values ignore the outcome: {means}"
 
 
 def test_pipeline_grpo_lockstep_starts_no_critic(tmp_path):
