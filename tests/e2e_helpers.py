@@ -159,7 +159,10 @@ def weights_changed(root: Path, version: int) -> float:
 #   the bound pools every batch). A critic pretrained on the wrong targets (tests/mutations.py: another rollout's
 #   return) scores ~0 and fails. What it cannot see: a critic whose training goes wrong only during the RL steps
 #   of these short runs barely moves from version 0 (8 policy steps, ~16-24 critic steps under a 0.95 weight
-#   average; measured 0.26 with advantages as targets): tests/test_orchestrator_wiring.py checks that wiring.
+#   average; measured 0.26 with advantages as targets). So on this configuration `assert_learned` also checks
+#   what the critic is trained on: every targets row's value targets are its reward at every policy token (the
+#   Monte-Carlo return at gamma = lambda_value = 1), exactly, as tests/test_orchestrator_wiring.py checks the
+#   wiring on hand-worked rows.
 CRITIC_EV_BOUND = 0.1
 
 
@@ -219,6 +222,11 @@ critic's explained variance on fresh rollouts exceeds it. Returns the figures it
         assert critic_last >= 1 and figures["critic_weight_change"] > 0, f"the critic never changed: {figures}"
         assert len(losses) >= 2 and max(losses) - min(losses) > 1e-6, f"the critic's loss never moved: {figures}"
         if critic_ev_bound is not None:
+            targets = stream_table(run_dir, "targets").to_pylist()
+            wrong = [t["rollout_id"] for t in targets
+                     if any(abs(y - t["reward"]) > 1e-6 for y, m in zip(t["value_targets"], t["policy_mask"]) if m)]
+            assert targets and not wrong, f"{len(wrong)} of {len(targets)} targets rows do not train the critic on " \
+                                          f"their return (the reward at gamma = lambda_value = 1): {wrong[:3]}"
             figures["critic_explained_variance"] = critic_explained_variance(run_dir)
             assert figures["critic_explained_variance"] > critic_ev_bound, \
                 f"the critic explains less than {critic_ev_bound} of the returns' variance on fresh rollouts: {figures}"
