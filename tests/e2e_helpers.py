@@ -178,7 +178,7 @@ def critic_explained_variance(run_dir: Path) -> float:
 
 
 def assert_learned(run_dir: Path, critic: bool = True, lockstep: bool = False,
-                   critic_ev_bound: float | None = None) -> dict:
+                   critic_ev_bound: float | None = None, direction: bool = True) -> dict:
     """The run did learn, not only run, and in the right direction: rewards vary (so advantages can be nonzero),
     advantages are nonzero, the policy gradient is nonzero, the last policy version differs from version 0, and
     each step moved the policy the way its advantages ask: `direction_gap` (the step's change in mean logprob of
@@ -186,7 +186,8 @@ def assert_learned(run_dir: Path, critic: bool = True, lockstep: bool = False,
     a flipped advantage or loss sign turns < 0 on most steps; with a critic, its last version
     differs from its version 0 and its loss moved; in lockstep mode the first step is on-policy (importance ratio 1
     within 1e-3); with a critic and `critic_ev_bound` (None for a configuration it was not argued for), the
-critic's explained variance on fresh rollouts exceeds it. Returns the figures it checked (printed on failure)."""
+critic's explained variance on fresh rollouts exceeds it. `direction=False` leaves out the direction check, for a
+run too short and too slow to give the gap a sign (say why where you pass it). Returns the figures it checked (printed on failure)."""
     run_dir = Path(run_dir)
     batches = stream_table(run_dir, "batches").to_pylist()
     rewards = [r["reward"] for r in batches]
@@ -207,11 +208,12 @@ critic's explained variance on fresh rollouts exceeds it. Returns the figures it
     assert figures["policy_weight_change"] > 0, f"policy version {last} is version 0's weights: {figures}"
     # undefined (None) on a step without tokens on both sides (grpo: every group all-right or all-wrong). A correct
     # step raises the positive-advantage tokens over the negative ones to first order in the step; Adam's momentum
-    # (earlier batches' gradients) can turn a single step's gap negative. Measured on the suite's runs (2026-12-03):
-    # 0.0007-0.05, positive on 23 of 24 steps (the other -0.0005); with the sign flipped, negative on most steps.
+    # (earlier batches' gradients) can turn a single step's gap negative. Measured on six of the suite's runs
+    # (2026-12-03): 0.0007-0.39, positive on 54 of 56 steps (the others -0.0005, -0.0014); with the sign flipped,
+    # negative on most steps (tests/mutations.py: sign-flip, negated-loss).
     # So: more than half of the defined steps, and at least 2, must be positive
     gaps = [g for g in figures["direction_gaps"] if g is not None]
-    assert len(gaps) >= 2 and sum(g > 0 for g in gaps) * 2 > len(gaps), \
+    assert not direction or len(gaps) >= 2 and sum(g > 0 for g in gaps) * 2 > len(gaps), \
         f"the policy steps did not raise positive-advantage tokens over negative ones (direction_gap): {figures}"
     if critic:
         critic_steps = [m for m in read_metrics(run_dir / "metrics" / "value_trainer.jsonl") if "value_loss" in m]
