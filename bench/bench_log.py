@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prime_values.log import LogReader, SegmentWriter, per_token, to_table  # noqa: E402
 from prime_values.log.fsutil import fsync_dir  # noqa: E402
+from prime_values.log.records import token_digest  # noqa: E402
 
 
 def make_segments(n_segments, per_segment, n_tokens, seed=0):
@@ -57,7 +58,8 @@ def make_segments(n_segments, per_segment, n_tokens, seed=0):
                 reward=float(rng.integers(0, 2)), stop_reason="eos", privileged="reference answer: 42",
                 task=json.dumps({"task": "math", "idx": i}), created_at=time.time()))
             values.append(dict(rollout_id=rid, critic_version=s, values=rng.random(n_tokens, np.float32).tolist(),
-                               cut=False, valued_tokens=n_tokens, bootstrap_value=0.0, scored_at=time.time()))
+                               cut=False, valued_tokens=n_tokens, bootstrap_value=0.0, scored_at=time.time(),
+                               token_digest=token_digest(rollouts[-1]["token_ids"])))
         segs.append((rollouts, values))
     return segs
 

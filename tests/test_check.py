@@ -13,7 +13,9 @@ import pytest
 
 import prime_values.log.segments as segments
 from prime_values.tools.check import check, main
-from prime_values.log import SegmentWriter, apply_retention
+from prime_values.log import SCHEMA_VERSION, SegmentWriter, apply_retention
+from prime_values.log import records
+from prime_values.log.records import token_digest
 from prime_values.rundir import RunDir
 from prime_values.weights import publish
 
@@ -37,7 +39,7 @@ def rollout(chunk: int, k: int, version: int, n_tokens: int = 6) -> dict:
 def values_row(r: dict, critic_version: int) -> dict:
     n = len(r["token_ids"])
     return dict(rollout_id=r["rollout_id"], critic_version=critic_version, values=[0.5] * n, cut=False,
-                valued_tokens=n, bootstrap_value=0.0, scored_at=1.7e9)
+                valued_tokens=n, bootstrap_value=0.0, token_digest=token_digest(r["token_ids"]), scored_at=1.7e9)
 
 
 def target_row(r: dict, critic_version: int) -> dict:
@@ -45,7 +47,7 @@ def target_row(r: dict, critic_version: int) -> dict:
     return dict(rollout_id=r["rollout_id"], group_id=r["group_id"], policy_version=r["policy_version"],
                 critic_version=critic_version, token_ids=r["token_ids"], policy_mask=r["policy_mask"],
                 privileged=r["privileged"], reward=r["reward"], values=[0.5] * n, value_targets=[r["reward"]] * n,
-                created_at=1.7e9)
+                token_digest=token_digest(r["token_ids"]), created_at=1.7e9)
 
 
 def batch_row(step: int, r: dict, critic_version: int) -> dict:
@@ -55,11 +57,11 @@ def batch_row(step: int, r: dict, critic_version: int) -> dict:
 
 
 def make_run(root: Path, steps: int = STEPS, critic: bool = True, batches=None, values=None, config: dict | None = None,
-             ) -> RunDir:
+             targets=None) -> RunDir:
     """A finished run as the roles leave it: chunk c of shard w0 (policy version max(0, c - 1)) is scored by
     critic version c and becomes batch c + 1; policy versions 0..steps and critic versions 0..steps - 1 are
-    published; every consumer's cursor is at the end. `batches(step, rows)` / `values(chunk, rows)` may edit the
-    rows before they are written (return None to skip the segment)."""
+    published; every consumer's cursor is at the end. `batches(step, rows)` / `values(chunk, rows)` /
+    `targets(chunk, rows)` may edit the rows before they are written (return None to skip the segment)."""
     run = RunDir(root)
     run.mkdirs()
     cfg = {"steps": steps, "schedule": {"max_off_policy": 1}, "advantage": {"estimator": "gae" if critic else "grpo"},
@@ -84,7 +86,10 @@ def make_run(root: Path, steps: int = STEPS, critic: bool = True, batches=None, 
             vrows = values(chunk, vrows) if values else vrows
             if vrows is not None:
                 w["values"].append(vrows)
-            w["targets"].append([target_row(r, cv) for r in rows])
+            trows = [target_row(r, cv) for r in rows]
+            trows = targets(chunk, trows) if targets else trows
+            if trows is not None:
+                w["targets"].append(trows)
             if chunk:
                 publish(run.weights("critic"), chunk, save_model_files)
         brows = [batch_row(chunk + 1, r, cv) for r in rows]
@@ -250,13 +255,70 @@ def test_old_and_future_schema_versions(run, monkeypatch):
             [target_row(rollout(0, 0, 0), 0)])
     found = violations(run.root)
     assert found == ["[segment] 1 segments were written with schema_version 1 (1 in log/targets); this Prime Values "
-                     "reads only schema_version 2 (its readers would quarantine them); rerun with --allow-old-schema "
-                     "to check their content"]
+                     f"reads only schema_version {SCHEMA_VERSION} (its readers would quarantine them); rerun with "
+                     "--allow-old-schema to check their content"]
     assert check(run.root, allow_old_schema=True).ok
     with monkeypatch.context() as m:
-        m.setattr(segments, "SCHEMA_VERSION", 3)
+        m.setattr(segments, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
         SegmentWriter(run.stream("targets"), "new", "targets").append([target_row(rollout(0, 0, 0), 0)])
-    assert any("schema_version 3 is newer" in v for v in violations(run.root, allow_old_schema=True))
+    assert any(f"schema_version {SCHEMA_VERSION + 1} is newer" in v
+               for v in violations(run.root, allow_old_schema=True))
+
+
+def test_consistent_run_pairs_every_values_and_targets_record_by_digest(run):
+    result = check(run.root)
+    assert result.ok and result.counts["paired"] == 2 * 12 and not result.counts["undigested"]
+    assert "(24 values/targets records paired with their rollout by token digest)" in result.lines()[-1]
+
+
+def test_values_computed_on_another_rollouts_tokens(tmp_path):
+    # an evaluator that scored rollout 1's tokens but stamped them with rollout 0's id (ids and lengths agree)
+    def swapped(chunk, rows):
+        if chunk == 1:
+            rows[0]["token_digest"] = rows[1]["token_digest"]
+        return rows
+    only(make_run(tmp_path / "r", values=swapped).root, "pairing", "log/values/e0/000000000001.arrow",
+         "rollout 'w0-000001-0000' carries token_digest", "computed on (or joined with) another rollout's tokens")
+
+
+def test_targets_joined_with_another_rollouts_values(tmp_path):
+    # an orchestrator that joined rollout 0 with the values row of rollout 1 carries that row's digest
+    def swapped(chunk, rows):
+        if chunk == 2:
+            rows[0]["token_digest"] = rows[1]["token_digest"]
+        return rows
+    only(make_run(tmp_path / "r", targets=swapped).root, "pairing", "log/targets: the record of rollout "
+         "'w0-000002-0000' carries token_digest")
+
+
+def test_targets_record_with_other_tokens_than_its_rollout(tmp_path):
+    def other(chunk, rows):
+        if chunk == 0:
+            rows[3]["token_ids"] = list(reversed(rows[3]["token_ids"]))
+        return rows
+    found = violations(make_run(tmp_path / "r", targets=other).root)
+    assert "[targets-rollout] log/targets: record of rollout 'w0-000000-0003' holds other token_ids than the " \
+           "rollout log" in found, found
+
+
+def test_records_written_before_digests_are_not_verifiable_not_violations(tmp_path, monkeypatch):
+    # a run directory of schema_version 2: values and targets without token_digest
+    with monkeypatch.context() as m:
+        m.setattr(segments, "SCHEMA_VERSION", 2)
+        for kind in ("values", "targets"):
+            old = records.SCHEMAS[kind].remove(records.SCHEMAS[kind].get_field_index("token_digest"))
+            m.setitem(records.SCHEMAS, kind, old)
+            m.setitem(records._KEYS, kind, (set(old.names), records.itemgetter(*old.names)))
+            m.setitem(records._TYPES, kind, list(old.types))
+
+        def without(chunk, rows):
+            return [{k: v for k, v in row.items() if k != "token_digest"} for row in rows]
+        root = make_run(tmp_path / "r", values=without, targets=without).root
+    result = check(root, allow_old_schema=True)
+    assert result.ok, result.violations
+    assert result.counts["undigested"] == 24 and not result.counts["paired"]
+    assert "24 values/targets records carry no token_digest (written before schema_version 3): their pairing with " \
+           "a rollout is not verifiable" in result.lines()[-1]
 
 
 @pytest.mark.parametrize("retention", [True, False])

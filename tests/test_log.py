@@ -53,7 +53,7 @@ def test_to_table_validates_keys_and_roundtrips():
     np.testing.assert_allclose(back["sampling_logprobs"], r["sampling_logprobs"], rtol=1e-6)
     # numpy arrays are accepted as per-token fields
     row = dict(rollout_id="a", critic_version=3, values=np.ones(4, np.float32), cut=False, scored_at=1.0,
-               valued_tokens=4, bootstrap_value=0.0)
+               valued_tokens=4, bootstrap_value=0.0, token_digest=0)
     t = to_table("values", [row])
     assert t.column("values").to_pylist() == [[1.0] * 4]
 
@@ -194,9 +194,9 @@ def test_one_cursor_file_holds_several_streams(log):
     SegmentWriter(log / "rollouts", "s0", "rollouts").append(rows(0))
     vw = SegmentWriter(log / "values", "s0", "values")
     vw.append([dict(rollout_id="s0-0", critic_version=1, values=[0.5] * 8, cut=False, scored_at=1.0,
-                    valued_tokens=8, bootstrap_value=0.0)])
+                    valued_tokens=8, bootstrap_value=0.0, token_digest=0)])
     vw.append([dict(rollout_id="s0-1", critic_version=1, values=[0.5] * 8, cut=True, scored_at=2.0,
-                    valued_tokens=6, bootstrap_value=0.5)])
+                    valued_tokens=6, bootstrap_value=0.5, token_digest=0)])
     r, v = (LogReader(log / k, "orch", log / "cursors", k) for k in ("rollouts", "values"))
     assert len(r.poll()) == 1 and len(v.poll()) == 2
     r.commit()
@@ -325,7 +325,7 @@ def test_undecodable_segments_are_quarantined_and_reading_continues(log, damage,
         bad.write_bytes(os.urandom(2000))
     else:
         vt = to_table("values", [dict(rollout_id="x", critic_version=1, values=[0.0], cut=False,
-                                           scored_at=0.0, valued_tokens=1, bootstrap_value=0.0)])
+                                           scored_at=0.0, valued_tokens=1, bootstrap_value=0.0, token_digest=0)])
         SegmentWriter(log / "values", "s0", "values").append(vt)
         os.replace(log / "values" / "s0" / "000000000000.arrow", bad)
     with pytest.raises(CorruptSegment) as e:

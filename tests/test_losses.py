@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from prime_values.algo.losses import (
+    direction_gap,
+    logprob_shift_sums,
     ppo_clip_loss,
     prob_diff_mask_loss,
     token_logprobs,
@@ -305,3 +307,29 @@ def test_value_loss_matches_per_token_reference(kind, clip_range):
     loss = value_loss(pred, targets, mask, kind=kind, huber_delta=0.8,
                       old_values=old if clip_range else None, clip_range=clip_range)
     assert loss.item() == pytest.approx(value_loss_reference(pred, targets, mask, kind, 0.8, old, clip_range))
+
+
+def test_direction_gap_hand_worked_and_sums_add_over_micro_batches():
+    # Δl = after − before: [0.2, 0.4] on the A > 0 tokens, −0.1 on the A < 0 one; the A = 0 token, the unmasked
+    # token (whose Δl is huge) and the zero-advantage token count on neither side.
+    before = torch.zeros(1, 6)
+    after = torch.tensor([[0.2, 0.4, -0.1, 5.0, 7.0, 0.3]])
+    advantages = torch.tensor([[1.0, 0.5, -2.0, 0.0, 3.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0, 1]], dtype=torch.bool)
+    sums = logprob_shift_sums(before, after, advantages, mask)
+    assert sums == pytest.approx({"shift_pos_sum": 0.6, "pos_tokens": 2, "shift_neg_sum": -0.1, "neg_tokens": 1})
+    assert direction_gap(sums) == pytest.approx({"logprob_shift_pos": 0.3, "logprob_shift_neg": -0.1,
+                                                 "direction_gap": 0.4})
+    # split into two micro-batches, the summed sums give the same figures (means over all tokens, not of means)
+    halves = [logprob_shift_sums(before[:, s], after[:, s], advantages[:, s], mask[:, s])
+              for s in (slice(0, 1), slice(1, 6))]
+    summed = {k: halves[0][k] + halves[1][k] for k in sums}
+    assert direction_gap(summed) == pytest.approx(direction_gap(sums))
+    # a flipped update (every Δl negated) flips the gap's sign
+    assert direction_gap(logprob_shift_sums(before, -after, advantages, mask))["direction_gap"] == pytest.approx(-0.4)
+
+
+def test_direction_gap_is_undefined_without_tokens_on_both_sides():
+    sums = logprob_shift_sums(torch.zeros(1, 3), torch.tensor([[0.1, 0.2, 0.3]]), torch.tensor([[1.0, 1.0, 0.0]]),
+                              torch.ones(1, 3, dtype=torch.bool))
+    assert direction_gap(sums) == pytest.approx({"logprob_shift_pos": 0.15})

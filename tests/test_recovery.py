@@ -45,6 +45,17 @@ def _log_error_and_exit() -> None:
     os._exit(3)
 
 
+@pytest.fixture
+def no_result_wait(monkeypatch):
+    """How a killed job's end is seen at once, as behaviour rather than a clock: `exit_cause` answers from the job's
+    exit state and never asks submitit's `result()`/`results()`/`exception()`, which poll up to 15 s for the result
+    pickle a SIGKILLed task never writes (here they fail the test instead)."""
+    def waiting(self, *args, **kwargs):
+        raise AssertionError("exit_cause waited on submitit's result pickle")
+    for name in ("result", "results", "exception"):
+        monkeypatch.setattr(LocalRoleExecutor.job_class, name, waiting)
+
+
 def _submit(tmp_path: Path, fn, tasks: int = 1, *args):  # jobs/<fn name>: as a role job folder
     executor = LocalRoleExecutor(folder=tmp_path / "jobs" / fn.__name__)
     executor.update_parameters(timeout_min=5, tasks_per_node=tasks)
@@ -61,9 +72,9 @@ def _wait_end(job, timeout: float = 30.0) -> tuple[float, str | None]:
     raise AssertionError(f"job {job.job_id} did not end within {timeout} s")
 
 
-def test_a_killed_rank_is_seen_at_once_and_its_sibling_ended(tmp_path):
-    """A SIGKILLed task of a two-process job: the job ends within a second (no 15 s result wait), the cause says
-    'killed by signal 9', and the other process does not outlive it."""
+def test_a_killed_rank_is_seen_at_once_and_its_sibling_ended(tmp_path, no_result_wait):
+    """A SIGKILLed task of a two-process job: the job's end is read from its exit state (no result wait), the cause
+    says 'killed by signal 9', and the other process does not outlive it."""
     job = _submit(tmp_path, _sleep, 2, 120.0)
     deadline = time.time() + 30
     while len(tasks := descendants(int(job.job_id))) < 2 and time.time() < deadline:
@@ -72,21 +83,20 @@ def test_a_killed_rank_is_seen_at_once_and_its_sibling_ended(tmp_path):
     os.kill(tasks[0], signal.SIGKILL)
     took, cause = _wait_end(job)
     assert cause == "killed by signal 9", cause
-    assert took < 1.0, f"the end of a killed job took {took:.2f} s to show"
     assert not descendants(int(job.job_id)) and job.done()
     for pid in tasks:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
 
-def test_a_killed_controller_takes_its_tasks_with_it(tmp_path):
+def test_a_killed_controller_takes_its_tasks_with_it(tmp_path, no_result_wait):
     job = _submit(tmp_path, _sleep, 1, 120.0)
     deadline = time.time() + 30
     while not (tasks := descendants(int(job.job_id))) and time.time() < deadline:
         time.sleep(0.05)
     os.kill(int(job.job_id), signal.SIGKILL)
     took, cause = _wait_end(job)
-    assert cause == "killed by signal 9" and took < 1.0, (cause, took)
+    assert cause == "killed by signal 9", (cause, took)
     deadline = time.time() + 5
     while time.time() < deadline and any(os.path.exists(f"/proc/{pid}") and
                                          "Z" not in open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1][:3]
@@ -224,7 +234,7 @@ def test_cfg_job_prints_a_slurm_config_without_sbatch(tmp_path):
 
 
 @pytest.mark.slow  # 6-11 s on 2 cores (processes or model files): out of the fast tier
-def test_jobs_forked_from_the_fork_server(tmp_path):
+def test_jobs_forked_from_the_fork_server(tmp_path, no_result_wait):
     """launcher.fork_server: the job runs in a process forked from the pre-imported server (no fresh interpreter),
     with the same exit causes, the run directory on its command line, and nothing left when the server closes."""
     from prime_values.launch import local
@@ -237,7 +247,7 @@ def test_jobs_forked_from_the_fork_server(tmp_path):
         job = _submit(tmp_path, _raise)
         assert isinstance(job._process, ZygoteJob)
         took, cause = _wait_end(job)
-        assert cause == "exit code 1: ValueError: the answer column is missing" and took < 5, (cause, took)
+        assert cause == "exit code 1: ValueError: the answer column is missing", (cause, took)
         job = _submit(tmp_path, _sleep, 1, 120.0)
         deadline = time.time() + 10
         while not (tasks := descendants(int(job.job_id))) and time.time() < deadline:
@@ -248,7 +258,7 @@ def test_jobs_forked_from_the_fork_server(tmp_path):
         assert set(role_pids(tmp_path, "_sleep")) >= {int(job.job_id), *tasks}
         os.kill(tasks[0], signal.SIGKILL)
         took, cause = _wait_end(job)
-        assert cause == "killed by signal 9" and took < 1.0, (cause, took)
+        assert cause == "killed by signal 9", (cause, took)
     finally:
         local.FORK_SERVER = None
         server.close()

@@ -35,7 +35,7 @@ def values_row(row, response_values, critic_version=7, valued=None):
     values = [0.0] * n_prompt + response_values
     return {"rollout_id": row["rollout_id"], "critic_version": critic_version, "values": values,
             "cut": valued is not None, "valued_tokens": len(values) if valued is None else valued,
-            "bootstrap_value": 0.0, "scored_at": 2.0}
+            "bootstrap_value": 0.0, "token_digest": 0, "scored_at": 2.0}
 
 
 def batch_row(row, response_advantages, step=5, critic_version=7):

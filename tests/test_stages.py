@@ -191,8 +191,11 @@ def test_math_pipeline_runs_sft_rl_eval(math_run):
     assert len(rollouts) >= 2 * 2 * 4 and boxed * 2 > len(rollouts), responses
     assert any(r["reward"] == 1.0 for r in rollouts) and any(r["reward"] == 0.0 for r in rollouts), responses
     # and RL learned from them: rewards varied, advantages and the policy gradient were nonzero, the last policy
-    # and critic versions differ from their versions 0, the critic's loss moved
-    assert_learned(run_dir, critic=True)
+    # and critic versions differ from their versions 0, the critic's loss moved. Not the direction of each step:
+    # 2 steps at the math recipe's policy.lr=1e-5, on advantages from a critic pretrained 2 steps, move the logprobs
+    # by ~3e-4 and their direction_gap was -0.0003 and 0.0000 (2026-12-03): too few and too small steps to carry a
+    # sign; tests/test_pipeline.py's runs check it
+    assert_learned(run_dir, critic=True, direction=False)
     # eval evaluated RL's final policy, through the same verifier: a model in the format is right on >= 1 of the
     # 4 held-out prompts whichever digit it favours (their answers are 1, 1, 1, 2), so 16 samples all wrong would
     # mean the eval's scoring is broken

@@ -7,7 +7,6 @@ import importlib.util
 import random
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -44,10 +43,19 @@ def test_reverse_text_problems_scores_and_heldout():
     assert task.score(p, "olle") == pytest.approx(0.8)
     assert task.score(p, "hello") == pytest.approx(1 - 4 / 5)  # h<->o and e<->l swapped: 4 substitutions
     assert task.score(p, "") == 0.0 and task.score(p, None) == 0.0
-    t0 = time.perf_counter()
-    for hostile in ["o" * 10_000_000, "x" * 100_000, "\x00" * 1000]:
-        assert 0.0 <= task.score(p, hostile) < 0.5
-    assert time.perf_counter() - t0 < 0.1
+    # a hostile response costs what a short one does: the edit distance (quadratic) only ever sees a bounded prefix
+    import prime_values.tasks.reverse_text as reverse_text
+
+    seen = []
+
+    def recording(text, answer):
+        seen.append(len(text))
+        return similarity(text, answer)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(reverse_text, "similarity", recording)
+        for hostile in ["o" * 10_000_000, "x" * 100_000, "\x00" * 1000]:
+            assert 0.0 <= task.score(p, hostile) < 0.5
+    assert len(seen) == 3 and max(seen) <= 2 * task.max_chars + 8, seen
     held = {q.prompt for q in task.heldout()}
     assert len(held) == 50 and not held & {q.prompt for q in task.sample(random.Random(1), 5000)}
     assert [q.prompt for q in ReverseTextTask(3, 6, heldout_size=50, seed=3).heldout()] == \

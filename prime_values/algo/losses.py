@@ -143,6 +143,41 @@ def prob_diff_mask_loss(
     return loss, stats
 
 
+def logprob_shift_sums(before: Tensor, after: Tensor, advantages: Tensor, mask: Tensor) -> dict[str, float]:
+    """The sums behind `direction_gap` for one micro-batch.  [B, T] x3 + mask.
+
+        Δl_t = after_t − before_t            (a token's logprob after the step minus before it, same batch)
+        shift_pos_sum = Σ_{masked, A_t > 0} Δl_t,   pos_tokens = #{masked, A_t > 0}
+        shift_neg_sum = Σ_{masked, A_t < 0} Δl_t,   neg_tokens = #{masked, A_t < 0}
+
+    Sums, not means, so micro-batches and ranks add up (`prime_values.dist.all_reduce_sum`)."""
+    mask = mask.bool()
+    delta = (after.float() - before.float()).detach()
+    pos, neg = mask & (advantages > 0), mask & (advantages < 0)
+    return {"shift_pos_sum": float(delta[pos].sum()), "pos_tokens": float(pos.sum()),
+            "shift_neg_sum": float(delta[neg].sum()), "neg_tokens": float(neg.sum())}
+
+
+def direction_gap(sums: dict[str, float]) -> dict[str, float]:
+    """The direction diagnostic of one policy step from `logprob_shift_sums` summed over the batch:
+
+        logprob_shift_pos = mean Δl over tokens with A > 0,  logprob_shift_neg = mean Δl over tokens with A < 0
+        direction_gap     = logprob_shift_pos − logprob_shift_neg
+
+    A policy-gradient step on −Σ A_t·l_t raises the logprob of positive-advantage tokens and lowers that of
+    negative-advantage ones, so a correct step has direction_gap > 0; a flipped sign gives < 0. Hand-worked: Δl
+    = [0.2, 0.4] on two A > 0 tokens and [−0.1] on one A < 0 token: shift_pos 0.3, shift_neg −0.1, gap 0.4.
+    With no token on one side the gap is undefined and only the defined shift is returned."""
+    out = {}
+    if sums["pos_tokens"]:
+        out["logprob_shift_pos"] = sums["shift_pos_sum"] / sums["pos_tokens"]
+    if sums["neg_tokens"]:
+        out["logprob_shift_neg"] = sums["shift_neg_sum"] / sums["neg_tokens"]
+    if len(out) == 2:
+        out["direction_gap"] = out["logprob_shift_pos"] - out["logprob_shift_neg"]
+    return out
+
+
 def values_from_head(pred: Tensor, kind: str = "mse") -> Tensor:
     """The value a critic head's output stands for: sigmoid(logit) for ``kind="bce"``, the output itself else."""
     return torch.sigmoid(pred) if kind == "bce" else pred

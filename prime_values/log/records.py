@@ -11,8 +11,9 @@ from operator import itemgetter
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
-SCHEMA_VERSION = 2  # 2: values carry valued_tokens and bootstrap_value
+SCHEMA_VERSION = 3  # 2: values carry valued_tokens and bootstrap_value; 3: values and targets carry token_digest
 
 _tokens = pa.list_(pa.int32())
 _mask = pa.list_(pa.int8())
@@ -43,6 +44,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("cut", pa.bool_()),  # the critic's context (critic.max_length) cut the trace; never a generation cap
         ("valued_tokens", pa.int32()),  # leading trace tokens inside the critic's context (all when not cut)
         ("bootstrap_value", pa.float32()),  # V(s_cut): the value of the state where the cut happened (0 if not cut)
+        ("token_digest", pa.uint64()),  # token_digest(token_ids) of the rollout these values were computed on
         ("scored_at", pa.float64()),
     ]),
     # orchestrator -> value trainer
@@ -57,6 +59,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("reward", pa.float32()),
         ("values", _floats),  # critic prediction at scoring time
         ("value_targets", _floats),
+        ("token_digest", pa.uint64()),  # the values row's token_digest: the rollout the values were computed on
         ("created_at", pa.float64()),
     ]),
     # orchestrator -> policy trainer (one segment per step)
@@ -72,6 +75,13 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("reward", pa.float32()),
     ]),
 }
+
+
+def token_digest(token_ids) -> int:
+    """A rollout's identity by content: xxh3-64 of its token ids as little-endian int32 (a list or a numpy array).
+    Values and targets rows carry it, so `prime_values.check` verifies each pairs with its own rollout's tokens,
+    not only with a rollout of the same id."""
+    return xxhash.xxh3_64_intdigest(np.asarray(token_ids, dtype="<i4").tobytes())
 
 
 def schema_for(kind: str) -> pa.Schema:

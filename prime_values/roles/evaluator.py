@@ -13,7 +13,7 @@ import time
 import torch
 
 from prime_values.critic_io import CriticInputs
-from prime_values.log import to_rows
+from prime_values.log.records import to_rows, token_digest
 from prime_values.monitor import Timers
 from prime_values.roles import evaluator_name
 from prime_values.roles.common import RoleContext
@@ -77,7 +77,7 @@ class Scorer:
                                 "values": values[b, : len(row["token_ids"])].tolist(), "cut": inputs.cut[b],
                                 "valued_tokens": inputs.valued_tokens[b],
                                 "bootstrap_value": float(inputs.bootstrap[b]) if inputs.cut[b] else 0.0,
-                                "scored_at": now})
+                                "token_digest": token_digest(row["token_ids"]), "scored_at": now})
         critic.train(was_training)
         scored = time.time() - started
         with self.timers.time("io"):

@@ -141,7 +141,8 @@ def target_rows(rollouts, values, scored) -> list[dict]:
         "rollout_id": r["rollout_id"], "group_id": r["group_id"], "policy_version": r["policy_version"],
         "critic_version": v["critic_version"], "token_ids": r["token_ids"], "policy_mask": r["policy_mask"],
         "privileged": r["privileged"], "reward": r["reward"], "values": v["values"],
-        "value_targets": scored["targets"][b, : len(r["token_ids"])].tolist(), "created_at": now,
+        "value_targets": scored["targets"][b, : len(r["token_ids"])].tolist(), "token_digest": v["token_digest"],
+        "created_at": now,
     } for b, (r, v) in enumerate(zip(rollouts, values))]
 
 

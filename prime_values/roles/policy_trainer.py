@@ -11,7 +11,8 @@ import time
 import torch
 
 from prime_values import dist
-from prime_values.algo.losses import ppo_clip_loss, prob_diff_mask_loss, token_logprobs
+from prime_values.algo.losses import (direction_gap, logprob_shift_sums, ppo_clip_loss, prob_diff_mask_loss,
+                                     token_logprobs)
 from prime_values.critic_io import attention_mask, padded
 from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
@@ -23,7 +24,8 @@ from prime_values.trainer import Trainer, optimizer_step
 
 
 def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str) -> dict:
-    """One optimizer step over the batch (gradient accumulated over micro-batches, token-mean overall).
+    """One optimizer step over the batch (gradient accumulated over micro-batches, token-mean overall), then the
+    direction diagnostic on the same batch (`direction_after_step`).
 
     With several processes (prime_values.dist) every rank holds the whole batch and trains on its strided
     share of each micro-batch; the loss is scaled so the averaged gradient is the single-process one."""
@@ -31,6 +33,7 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
     size = pcfg.micro_batch_rollouts or len(rows)
     total_tokens = sum(sum(r["policy_mask"]) for r in rows)
     world = dist.current().world
+    seen = []  # per micro-batch: (ids, attention, mask, advantages, logprobs before the step)
 
     def accumulate() -> dict:
         stats_sum: dict[str, float] = {}
@@ -45,6 +48,7 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
             # logits, the logprobs and the loss are fp32 from here on
             logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
             logprobs = token_logprobs(logits, ids, cfg.inference.temperature)
+            seen.append((ids, attention, mask & real, advantages, logprobs.detach()))
             if pcfg.trust_region == "prob_diff":
                 loss, stats = prob_diff_mask_loss(logprobs, sampling, advantages, mask, delta_low=pcfg.prob_diff_low,
                                                   delta_high=pcfg.prob_diff_high, kl_coef=pcfg.kl_coef)
@@ -56,7 +60,27 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
             for key, value in {"loss": loss.item(), **stats}.items():
                 stats_sum[key] = stats_sum.get(key, 0.0) + value * weight
         return dist.all_reduce_sum(stats_sum)
-    return optimizer_step(model, optimizer, accumulate, pcfg.max_grad_norm)
+    stats = optimizer_step(model, optimizer, accumulate, pcfg.max_grad_norm)
+    return {**stats, **direction_after_step(model, seen, cfg.inference.temperature)}
+
+
+@torch.no_grad()
+def direction_after_step(model, seen: list, temperature: float) -> dict:
+    """`direction_gap` (algo.losses; docs/value_functions.md, "Direction of a step"): one no-grad forward of the
+    step's own micro-batches with the updated weights, each token's logprob compared with the one the step's
+    forward computed before the update. Every rank runs it on its share (FSDP needs every rank in a forward)."""
+    sums: dict[str, float] = {}
+    for ids, attention, mask, advantages, before in seen:
+        after = token_logprobs(model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float(), ids,
+                               temperature)
+        for key, value in logprob_shift_sums(before, after, advantages, mask).items():
+            sums[key] = sums.get(key, 0.0) + value
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():  # FSDP2 keeps the root's parameters gathered after a forward without backward
+        if isinstance(module, FSDPModule):  # (the optimizer and its state dict hold the sharded ones)
+            module.reshard()
+    return direction_gap(dist.all_reduce_sum(sums))
 
 
 def next_batch(reader: LogReader, ctx: RoleContext, timers: Timers | None = None):

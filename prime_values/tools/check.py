@@ -18,6 +18,9 @@ run directory). What is checked is what the roles actually guarantee (read from 
   order (the evaluator adopts only newer critics, and restarts from LATEST). Several records for one rollout
   are allowed: the evaluator re-scores what it had not committed when it died.
 - targets: every record's rollout exists and its per-token columns match the rollout's length.
+- pairing by identity: each values and targets record's `token_digest` (log.records.token_digest) is that of its
+  rollout's tokens, so values were computed on, and targets joined with, the very rollout whose id they carry.
+  Records without one (schema_version < 3, read with `--allow-old-schema`) are counted as not verifiable.
 - weights (`policy`, `critic`): LATEST is a number naming an existing version directory; every version
   directory is complete (config.json and a safetensors/bin weights file); version 0 is kept; LATEST is the
   newest complete version (a newer directory is only noted: a publisher died between rename and LATEST, and
@@ -49,7 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prime_values.log.records import SCHEMA_VERSION
+from prime_values.log.records import SCHEMA_VERSION, token_digest
 from prime_values.log.segments import (CorruptSegment, NewerSchemaVersion, list_seqs, quarantine_dir, read_segment,
                                        segment_name, verify_checksum)
 
@@ -84,7 +87,8 @@ class Result:
                 out.append(f"VIOLATION [{kind}] ... and {n - limit} more")
         c = self.counts
         what = (f"{c['steps']} batch steps, {c['rollouts']} rollouts in {c['segments_rollouts']} segments, "
-                f"{c['values']} values records, {c['targets']} targets records, policy LATEST "
+                f"{c['values']} values records, {c['targets']} targets records ({c['paired']} values/targets "
+                f"records paired with their rollout by token digest), policy LATEST "
                 f"{c.get('policy_latest', '-')}, critic LATEST {c.get('critic_latest', '-')}, "
                 f"{c['cursors']} cursors, {c['quarantined']} quarantined segments")
         notes = f"; notes: {'; '.join(self.notes)}" if self.notes else ""
@@ -142,11 +146,18 @@ def _lengths(table: pa.Table, column: str) -> np.ndarray:
     return pc.list_value_length(table.column(column).combine_chunks()).to_numpy(zero_copy_only=False)
 
 
-def _crcs(table: pa.Table, column: str) -> list[int]:
-    """CRC32 of each row's list of a list column (identifies token lists without holding them)."""
+def _crcs(table: pa.Table, column: str, digest=lambda tokens: zlib.crc32(tokens.tobytes())) -> list[int]:
+    """CRC32 (or `digest`) of each row's list of a list column (identifies token lists without holding them)."""
     arr = table.column(column).combine_chunks()
     offsets, values = arr.offsets.to_numpy(), arr.values.to_numpy(zero_copy_only=False)
-    return [zlib.crc32(values[offsets[i]: offsets[i + 1]].tobytes()) for i in range(len(arr))]
+    return [digest(values[offsets[i]: offsets[i + 1]]) for i in range(len(arr))]
+
+
+def _digests(table: pa.Table) -> list[int | None]:
+    """Each record's token_digest; None for records written before digests (schema_version < 3)."""
+    if "token_digest" not in table.column_names:
+        return [None] * table.num_rows
+    return table.column("token_digest").to_pylist()
 
 
 class Checker:
@@ -161,8 +172,9 @@ class Checker:
         self.group_of: dict[str, str] = {}  # rollout id -> group id
         self.values: dict[str, list[int]] = defaultdict(list)  # rollout id -> critic versions of its records
         self.batch_refs: list[tuple[int, str, int, int, int, int]] = []  # (step, id, n, pv, cv, crc)
-        self.target_refs: list[tuple[str, int]] = []
-        self.value_refs: list[tuple] = []  # (id, n_values, valued_tokens, cut, seq, shard)
+        self.target_refs: list[tuple[str, int, int, int | None]] = []  # (id, n, crc(token_ids), token_digest)
+        self.value_refs: list[tuple] = []  # (id, n_values, valued_tokens, cut, seq, shard, token_digest)
+        self.digest_of: dict[str, int] = {}  # rollout id -> token_digest(token_ids)
         self.max_policy_version = self.max_critic_version = -1
         self.highest: dict[tuple[str, str], int] = {}  # (stream, shard) -> highest seq, quarantined included
         self.lowest: dict[tuple[str, str], int] = {}  # (stream, shard) -> lowest published seq
@@ -404,7 +416,8 @@ class Checker:
         for shard, seq, table in self.segments("targets"):
             where = f"log/targets/{shard}/{segment_name(seq)}"
             n = self.check_token_lengths(table, where, "targets-length", ("policy_mask", "values", "value_targets"))
-            self.target_refs += zip(table.column("rollout_id").to_pylist(), n.tolist())
+            self.target_refs += zip(table.column("rollout_id").to_pylist(), n.tolist(), _crcs(table, "token_ids"),
+                                    _digests(table))
             self.res.counts["targets"] += table.num_rows
 
     def read_values(self) -> None:
@@ -426,9 +439,9 @@ class Checker:
             if versions:
                 self._last_critic[shard] = (max(versions), seq)
                 self.max_critic_version = max(self.max_critic_version, max(versions))
-            for rid, v, k, c, m in zip(ids, versions, n, cut, valued):
+            for rid, v, k, c, m, d in zip(ids, versions, n, cut, valued, _digests(table)):
                 self.values[rid].append(v)
-                self.value_refs.append((rid, k, m, c, seq, shard))
+                self.value_refs.append((rid, k, m, c, seq, shard, d))
             self.res.counts["values"] += table.num_rows
 
     def read_rollouts(self) -> None:
@@ -446,35 +459,57 @@ class Checker:
                                                          "worker only adopts newer policy versions")
                 last_version[shard] = (max(versions), seq)
                 self.max_policy_version = max(self.max_policy_version, max(versions))
-            for rid, k, pv, crc, group in zip(table.column("rollout_id").to_pylist(), n.tolist(), versions,
-                                              _crcs(table, "token_ids"), table.column("group_id").to_pylist()):
+            for rid, k, pv, crc, group, digest in zip(table.column("rollout_id").to_pylist(), n.tolist(), versions,
+                                                      _crcs(table, "token_ids"), table.column("group_id").to_pylist(),
+                                                      _crcs(table, "token_ids", token_digest)):
                 if rid in self.rollouts:
                     self.res.violation("rollout", f"rollout id {rid!r} appears twice in the rollout log "
                                                   f"(again in {where}); ids must be unique")
                 self.rollouts[rid] = (k, pv, crc)
                 self.group_of[rid] = group
+                self.digest_of[rid] = digest
         self.res.counts["rollouts"] = len(self.rollouts)
 
+    def check_pairing(self, where: str, rid: str, digest: int | None) -> None:
+        """A values or targets record carries the token digest of the rollout whose id it carries."""
+        if digest is None:
+            self.res.counts["undigested"] += 1
+        elif digest == self.digest_of[rid]:
+            self.res.counts["paired"] += 1
+        else:
+            self.res.violation("pairing", f"{where}: the record of rollout {rid!r} carries token_digest {digest:#x}, "
+                                          f"but that rollout's tokens digest to {self.digest_of[rid]:#x}: it was "
+                                          "computed on (or joined with) another rollout's tokens")
+
     def check_values_and_targets(self) -> None:
-        for rid, n_values, valued, cut, seq, shard in self.value_refs:
+        for rid, n_values, valued, cut, seq, shard, digest in self.value_refs:
             rollout = self.rollouts.get(rid)
             where = f"log/values/{shard}/{segment_name(seq)}"
             if rollout is None:
                 self.missing_rollout(where, rid)
                 continue
+            self.check_pairing(where, rid, digest)
             if n_values != rollout[0]:
                 self.res.violation("values-length", f"{where}: values record of rollout {rid!r} has {n_values} "
                                                     f"values for a rollout of {rollout[0]} tokens")
             elif valued > n_values or (not cut and valued != n_values):
                 self.res.violation("values-length", f"{where}: values record of rollout {rid!r} says "
                                                     f"valued_tokens={valued} (cut={cut}) for {n_values} tokens")
-        for rid, n in self.target_refs:
+        for rid, n, crc, digest in self.target_refs:
             rollout = self.rollouts.get(rid)
             if rollout is None:
                 self.missing_rollout("log/targets", rid)
-            elif n != rollout[0]:
+                continue
+            if n != rollout[0]:
                 self.res.violation("targets-length", f"log/targets: record of rollout {rid!r} has {n} tokens, the "
                                                      f"rollout {rollout[0]}")
+            elif crc != rollout[2]:
+                self.res.violation("targets-rollout", f"log/targets: record of rollout {rid!r} holds other token_ids "
+                                                      "than the rollout log")
+            self.check_pairing("log/targets", rid, digest)
+        if self.res.counts["undigested"]:
+            self.res.notes.append(f"{self.res.counts['undigested']} values/targets records carry no token_digest "
+                                  "(written before schema_version 3): their pairing with a rollout is not verifiable")
 
     def check_weights(self) -> None:
         for model in ("policy", "critic"):
