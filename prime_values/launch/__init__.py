@@ -7,7 +7,9 @@ import os
 import signal
 from pathlib import Path
 
-from prime_values.launch.topology import role_gpus, role_procs  # noqa: F401  (role_procs: the conductor's)
+import psutil
+
+from prime_values.launch.topology import pipeline_roles, role_gpus, role_procs  # noqa: F401  (the supervisor's)
 from prime_values.roles import ENTRYPOINTS
 
 DEVICE_KEYS = ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device")
@@ -101,27 +103,48 @@ def solo_threads() -> int:
     return int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of `pid` (Linux /proc), children before grandchildren."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, frontier = [], [pid]
-    while frontier:
-        children = parents.get(frontier.pop(), [])
-        found += children
-        frontier += children
-    return found
+def process_of(target) -> psutil.Process | None:
+    """The psutil handle of a job (its `proc`, taken when it was started: psutil then checks the process's create
+    time before every signal, so a pid reused after the job ended is never signalled), of a handle, or of a pid
+    (found now, for a process known to be alive); None when it is gone."""
+    proc = getattr(target, "proc", target)
+    try:
+        proc = proc if isinstance(proc, psutil.Process) else psutil.Process(int(proc))
+        return proc if proc.is_running() else None
+    except (psutil.Error, TypeError, ValueError):
+        return None
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a job's controller and everything it started: the last resort against orphans."""
-    for target in [pid, *descendants(pid)]:
+def descendants(target) -> list[int]:
+    """The pids of every live descendant of a process (a pid, psutil handle or job), children before
+    grandchildren."""
+    proc = process_of(target)
+    try:
+        return [child.pid for child in proc.children(recursive=True)] if proc else []
+    except psutil.Error:
+        return []
+
+
+def signal_tree(target, signum: int = signal.SIGKILL) -> list[psutil.Process]:
+    """Send `signum` to a process (a job, psutil handle or pid) and everything it started, each through its psutil
+    handle (never a reused pid). Returns the processes signalled."""
+    proc = process_of(target)
+    if proc is None:
+        return []
+    try:
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        tree = [proc]
+    signalled = []
+    for member in tree:
         try:
-            os.kill(target, signal.SIGKILL)
-        except ProcessLookupError:
+            member.send_signal(signum)
+            signalled.append(member)
+        except psutil.Error:
             pass
+    return signalled
+
+
+def kill_tree(target) -> None:
+    """SIGKILL a job's controller and everything it started: the last resort against orphans."""
+    signal_tree(target, signal.SIGKILL)

@@ -21,7 +21,7 @@ import submitit
 
 from prime_values.config.derived import derive
 from prime_values.launch.local import _tail, last_error_line, result_error, signal_name
-from prime_values.launch.topology import role_gpus, role_procs
+from prime_values.launch.topology import pipeline_roles, role_gpus, role_procs
 
 # SLURM job states in which a job will not run again; everything else (PENDING, RUNNING, COMPLETING, a
 # PREEMPTED job that may be requeued, UNKNOWN) counts as live, as in submitit.
@@ -215,16 +215,10 @@ def in_allocation() -> bool:
 
 def pipeline_processes(cfg) -> list[tuple[str, int, int]]:
     """(role job, processes, GPUs) of every role the rl stage runs at once (the warm start runs before them)."""
-    topo, with_critic = cfg.topology, derive(cfg)["uses_critic"]  # also before the run is prepared (validate)
-    roles = [(f"inference{w}", "inference", topo.inference_device) for w in range(topo.inference_workers)]
-    if with_critic and topo.evaluator == "dedicated":
-        roles += [(f"evaluator{i}" if i else "evaluator", "evaluator", topo.evaluator_device)
-                  for i in range(topo.evaluators)]
-    roles += [("orchestrator", "orchestrator", "cpu"), ("policy_trainer", "policy_trainer", topo.policy_trainer_device)]
-    if with_critic:
-        roles.append(("value_trainer", "value_trainer", topo.value_trainer_device))
-    return [(name, role_procs(topo, role), role_gpus(topo, role) if str(device).startswith("cuda") else 0)
-            for name, role, device in roles]
+    topo = cfg.topology
+    roles = pipeline_roles(topo, derive(cfg)["uses_critic"])  # also before the run is prepared (validate)
+    return [(spec.name, role_procs(topo, spec.role), role_gpus(topo, spec.role) if str(spec.device).startswith("cuda")
+             else 0) for spec in roles]
 
 
 def pipeline_request(cfg) -> dict:
