@@ -111,7 +111,8 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
     and the run's launcher.hang_timeout_s is `hang_timeout_s`.
     With `stop_after_steps`, once every kill is done the run goes on for that many more policy steps and is then
     asked to stop (the control file): the kills cannot race the run's own end, however fast the machine (give
-    `steps` more than the kills can take). Returns the report (also written to `<run_dir>/chaos.json`)."""
+    `steps` more than the kills can take). Returns the report (also written to `<run_dir>/chaos.json`; the run's
+    whole output is `<run_dir>/chaos.log`)."""
     rng = random.Random(seed)
     run_dir = Path(run_dir).resolve()
     command = [sys.executable, "-m", "prime_values", *overrides, f"hydra.run.dir={run_dir}",
@@ -166,6 +167,7 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
         "policy_steps": policy_step(run_dir), "killed": done, "run_output_tail": output.strip().splitlines()[-15:],
     }
     (run_dir / "chaos.json").write_text(json.dumps(report, indent=1) + "\n")
+    (run_dir / "chaos.log").write_text(output)  # the run's whole output: every restart and its cause
     return report
 
 
