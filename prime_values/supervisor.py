@@ -180,7 +180,6 @@ class Supervisor:
         quiet = time.time() - max(started, beat or 0.0)
         if quiet > limit:
             role_job.hung = f"hung: no heartbeat for {quiet:.0f} s (launcher.hang_timeout_s={limit:g})"
-            print(f"\nprime_values: role {role_job.name} {role_job.hung}; killing it", flush=True)
             kill_tree(role_job.job)  # SIGKILL: a hung process answers no polite signal (nor does a stopped one)
 
     def _schedule_restart(self, role_job: RoleJob, cause: str) -> None:

@@ -31,22 +31,33 @@ ROLES = ("inference0", "evaluator", "orchestrator", "policy_trainer", "value_tra
 
 
 def role_processes(run_dir: Path, name: str) -> list[psutil.Process]:
-    """The live processes of one role job: its newest job's controller, as recorded when it was started
-    (`jobs/<name>/<job id>_process.json`: pid and create time, so a reused pid is never taken for it), and that
-    controller's descendants (its tasks). A job that has written its exit state has ended."""
+    """The live processes of one role job: its newest job's controller as recorded when it was started
+    (`jobs/<name>/<job id>_process.json`: pid and create time, so a reused pid is never taken for it; for an srun
+    step of a SLURM allocation, srun) with its descendants, and every process whose command line ends with the job
+    folder (a controller or task started as a fresh process, also one that slurmstepd started for a step) with
+    its descendants. Each is a psutil handle: a signal through it checks the create time first."""
     folder = run_dir / "jobs" / name
+    roots = []
     records = sorted(folder.glob("*_process.json"), key=lambda p: p.stat().st_mtime)
-    if not records:
-        return []
-    job_id = records[-1].name.split("_")[0]
-    try:
-        recorded = json.loads(records[-1].read_text())
-        proc = psutil.Process(int(recorded["pid"]))
-        if (folder / f"{job_id}_exit.json").exists() or abs(proc.create_time() - recorded["create_time"]) > 0.01:
-            return []
-        return [proc, *proc.children(recursive=True)]
-    except (OSError, ValueError, KeyError, psutil.Error):
-        return []
+    if records and not (folder / f"{records[-1].name.split('_')[0]}_exit.json").exists():
+        try:
+            recorded = json.loads(records[-1].read_text())
+            proc = psutil.Process(int(recorded["pid"]))
+            if abs(proc.create_time() - recorded["create_time"]) < 0.01:
+                roots.append(proc)
+        except (OSError, ValueError, KeyError, psutil.Error):
+            pass
+    for proc in psutil.process_iter(["cmdline"]):  # the folder name ends the path: 'inference0' is not 'inference01'
+        if any(arg.rstrip("/") == str(folder) for arg in proc.info["cmdline"] or ()):
+            roots.append(proc)
+    found = {}
+    for root in roots:
+        try:
+            for proc in [root, *root.children(recursive=True)]:
+                found[proc.pid] = proc
+        except psutil.Error:
+            continue
+    return list(found.values())
 
 
 def role_pids(run_dir: Path, name: str) -> list[int]:
