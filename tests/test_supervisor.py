@@ -359,3 +359,19 @@ def test_a_run_recovers_from_frozen_roles(tmp_path):
         assert report["restarts_per_role"].get(role, 0) >= 1, report
     assert report["policy_steps"] >= report["killed"][-1]["policy_step"] + 2, report
     assert not processes_mentioning(str(run_dir)), "a role process outlived the run"
+
+
+def test_the_roles_started_are_the_roles_the_allocation_is_sized_for(tmp_path):
+    """One role list (launch.pipeline_roles): what the supervisor starts is what a SLURM allocation asks for."""
+    from e2e_helpers import compose
+    from prime_values.launch.slurm import pipeline_processes
+
+    for overrides in ([], ["topology.evaluators=2", "topology.inference_workers=2"], ["advantage=grpo"]):
+        cfg = compose(["+experiment=arith", *overrides])
+        supervisor = Supervisor(RunDir(tmp_path), cfg)
+        started = []
+        supervisor._launch = lambda role_job: started.append((role_job.name, role_job.role, role_job.args))
+        supervisor.start_roles()
+        assert [name for name, _, _ in started] == [name for name, _, _ in pipeline_processes(cfg)], overrides
+        assert len(started) == len({name for name, _, _ in started}) >= 3
+    assert ("inference0", "inference", (0,)) in started and not any(role == "value_trainer" for _, role, _ in started)

@@ -109,7 +109,7 @@ class ForkedTask:
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
-        os.kill(self.pid, signum)
+        os.kill(self.pid, signum)  # our own child: its pid is not free for reuse until poll() has reaped it
 
 
 class Controller:
@@ -133,7 +133,7 @@ class Controller:
 
     def _send(self, signum: int) -> None:
         for task in self.tasks:
-            if task.poll() is None:
+            if task.poll() is None:  # not reaped yet: its pid is still its own (a zombie at worst), never reused
                 try:
                     task.send_signal(signum)
                 except OSError:
