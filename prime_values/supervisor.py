@@ -24,7 +24,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from prime_values.launch import entry, kill_tree, make_executor, pipeline_roles, role_gpus, role_procs
+from prime_values.launch import entry, kill_job, make_executor, pipeline_roles, role_gpus, role_procs
 from prime_values.rundir import RunDir, write_atomic
 
 BACKOFF_MAX_S = 60.0
@@ -180,7 +180,7 @@ class Supervisor:
         quiet = time.time() - max(started, beat or 0.0)
         if quiet > limit:
             role_job.hung = f"hung: no heartbeat for {quiet:.0f} s (launcher.hang_timeout_s={limit:g})"
-            kill_tree(role_job.job)  # SIGKILL: a hung process answers no polite signal (nor does a stopped one)
+            kill_job(role_job.job)  # SIGKILL: a hung process answers no polite signal (nor does a stopped one)
 
     def _schedule_restart(self, role_job: RoleJob, cause: str) -> None:
         launcher, now = self.cfg.launcher, time.time()
@@ -246,7 +246,7 @@ class Supervisor:
         while self.running() and time.time() < deadline:
             time.sleep(0.2)
         for role_job in self.running():
-            kill_tree(role_job.job)  # last resort: never leave a process behind
+            kill_job(role_job.job)  # last resort: never leave a process behind
 
 
 Fleet = Supervisor  # the name of its first version

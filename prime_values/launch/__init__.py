@@ -148,3 +148,20 @@ def signal_tree(target, signum: int = signal.SIGKILL) -> list[psutil.Process]:
 def kill_tree(target) -> None:
     """SIGKILL a job's controller and everything it started: the last resort against orphans."""
     signal_tree(target, signal.SIGKILL)
+
+
+def folder_processes(folder) -> list[psutil.Process]:
+    """The processes whose command line ends with job folder `folder` (a controller or a submitit task started as
+    a fresh process, also one that slurmstepd started for an srun step, which is no descendant of ours)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):  # the folder name ends the path: 'inference0' is not 'inference01'
+        if any(arg.rstrip("/") == str(folder) for arg in proc.info["cmdline"] or ()):
+            found.append(proc)
+    return found
+
+
+def kill_job(job) -> None:
+    """SIGKILL a local job or srun step: its process tree, and the processes of its folder with theirs (an srun
+    step's controller runs under slurmstepd: killing srun alone would leave it running beside a replacement)."""
+    for target in [job, *folder_processes(job.paths.folder)]:
+        kill_tree(target)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import psutil
 
+from prime_values.launch import folder_processes
+
 from prime_values.rundir import RunDir
 
 ROLES = ("inference0", "evaluator", "orchestrator", "policy_trainer", "value_trainer")
@@ -47,9 +49,7 @@ def role_processes(run_dir: Path, name: str) -> list[psutil.Process]:
                 roots.append(proc)
         except (OSError, ValueError, KeyError, psutil.Error):
             pass
-    for proc in psutil.process_iter(["cmdline"]):  # the folder name ends the path: 'inference0' is not 'inference01'
-        if any(arg.rstrip("/") == str(folder) for arg in proc.info["cmdline"] or ()):
-            roots.append(proc)
+    roots += folder_processes(folder)
     found = {}
     for root in roots:
         try:
