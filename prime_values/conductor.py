@@ -23,7 +23,7 @@ from prime_values.config import load_saved, resolve, validate
 from prime_values.launch import DEVICE_KEYS, make_executor, resolve_devices
 from prime_values.launch.zygote import ZygoteClient
 from prime_values.rundir import RunDir, write_atomic
-from prime_values.submitter import _stop_reason, submit_pipeline
+from prime_values.submitter import stop_reason, submit_pipeline
 from prime_values.supervisor import Fleet, RoleFailed, RoleJob, StopRequested, Supervisor, job_end  # noqa: F401
 from prime_values.tools.live import Progress  # the live view (prime_values/tools/live.py)
 from prime_values.tools.report import format_summary, summarise, write_report
@@ -86,7 +86,7 @@ def _allocation_main(run_dir: str) -> dict:
     os.environ[ALLOCATION_ENV] = "1"
     signal.signal(signal.SIGTERM, _terminate_gracefully)  # scancel / the end of the time limit: stop the roles
     run = RunDir(run_dir)
-    asked = _stop_reason(run)  # the stop the conductor of a lost allocation asked for is not the user's: resume
+    asked = stop_reason(run)  # the stop the conductor of a lost allocation asked for is not the user's: resume
     if asked is not None and "user" not in asked and asked != "stopped":
         run.stop_file.unlink(missing_ok=True)
     try:

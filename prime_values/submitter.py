@@ -15,7 +15,7 @@ from prime_values.tools.live import Progress
 from prime_values.tools.report import format_summary, summarise
 
 
-def _stop_reason(run: RunDir) -> str | None:
+def stop_reason(run: RunDir) -> str | None:
     """The reason in the run's stop file ('' when unreadable), None when there is none."""
     if not run.stop_requested():
         return None
@@ -85,7 +85,7 @@ def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
                 if state != "COMPLETED":
                     reason = f"the pipeline job {job.job_id} ended {state} (log: {job.paths.stderr})"
                 break
-            if _stop_reason(run) and "user" in _stop_reason(run):  # not the stop of a lost allocation's conductor
+            if stop_reason(run) and "user" in stop_reason(run):  # not the stop of a lost allocation's conductor
                 raise StopRequested(f"stop requested through {run.stop_file}")
             time.sleep(max(cfg.launcher.poll_s, 1.0))
     except (KeyboardInterrupt, StopRequested) as stop:
