@@ -131,10 +131,23 @@ class Supervisor:
     def _launch(self, role_job: RoleJob) -> None:
         executor = make_executor(self.cfg.launcher, self.run.jobs, role_job.name, role_job.device,
                                  tasks=role_procs(self.cfg.topology, role_job.role),  # trainers: one task per rank
-                                 gpus=role_gpus(self.cfg.topology, role_job.role))
-        role_job.job = executor.submit(entry(role_job.role), str(self.run.root), *role_job.args)
+                                 gpus=role_gpus(self.cfg.topology, role_job.role),
+                                 first_gpu=self._gpu_offsets().get(role_job.name, 0))
+        role_job.job = executor.submit(*self._call(role_job))
         if not getattr(role_job.job, "started_at", 0.0):
             role_job.job.started_at = time.time()
+
+    def _call(self, role_job: RoleJob) -> tuple:
+        """What the role's job runs: its entry function and arguments."""
+        return (entry(role_job.role), str(self.run.root), *role_job.args)
+
+    def _gpu_offsets(self) -> dict[str, int]:
+        """launcher=slurm: where each role's GPUs start among the allocation's (launch.slurm.gpu_offsets)."""
+        if self.cfg.launcher.name != "slurm":
+            return {}
+        from prime_values.launch.slurm import gpu_offsets
+
+        return gpu_offsets(self.cfg)
 
     def submit(self, name: str, role: str, device: str, *args) -> RoleJob:
         role_job = RoleJob(name, role, None, device, args)

@@ -55,6 +55,20 @@ CPUS=$(echo "$NODE_HW" | tr ' ' '\n' | sed -n 's/^CPUs=//p')
 MEM_MB=${LOCAL_SLURM_MEM_MB:-$(slurmd -C | head -1 | tr ' ' '\n' | sed -n 's/^RealMemory=//p')}
 NODE_HW="$NODE_HW RealMemory=$MEM_MB"
 DEF_MEM_PER_CPU=$(( MEM_MB / CPUS < 1024 ? MEM_MB / CPUS : 1024 ))  # a job without --mem does not take the node
+# fake GPUs: character devices with NVIDIA's major number under the state directory (nothing opens them); slurmd
+# hands them out as GRES gpu and sets each step's CUDA_VISIBLE_DEVICES, so GPU binding is testable without GPUs
+GPUS=${LOCAL_SLURM_GPUS:-2}
+if ((GPUS > 0)); then
+    mkdir -p "$STATE/dev"
+    for ((k = 0; k < GPUS; k++)); do
+        [[ -c $STATE/dev/nvidia$k ]] || mknod "$STATE/dev/nvidia$k" c 195 "$k" || fail 5 "mknod $STATE/dev/nvidia$k failed"
+    done
+    NODE_HW="$NODE_HW Gres=gpu:$GPUS"
+    GRES_TYPES="GresTypes=gpu"
+    GRES_LINE="NodeName=$HOST Name=gpu File=$STATE/dev/nvidia[0-$((GPUS - 1))]"
+else
+    GRES_TYPES="" GRES_LINE=""
+fi
 
 if [[ $ACCOUNTING == 1 ]]; then
     ACCT="AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\nAccountingStoragePort=$DBD_PORT"
@@ -68,7 +82,8 @@ render() {  # render TEMPLATE: substitute @VARS@
     sed -e "s|@CLUSTER@|$CLUSTER|g; s|@HOST@|$HOST|g; s|@STATE@|$STATE|g; s|@PARTITION@|$PARTITION|g; s|@FEATURES@|$FEATURES|g" \
         -e "s|@CTLD_PORT@|$CTLD_PORT|g; s|@SLURMD_PORT@|$SLURMD_PORT|g; s|@DBD_PORT@|$DBD_PORT|g" \
         -e "s|@DB_PORT@|$DB_PORT|g; s|@DB_PASS@|$DB_PASS|g; s|@NODE_HW@|$NODE_HW|g" \
-        -e "s|@DEF_MEM_PER_CPU@|$DEF_MEM_PER_CPU|g; s|@ACCOUNTING@|$ACCT|g" "$1"
+        -e "s|@DEF_MEM_PER_CPU@|$DEF_MEM_PER_CPU|g; s|@ACCOUNTING@|$ACCT|g" \
+        -e "s|@GRES_TYPES@|$GRES_TYPES|g; s|@GRES_LINE@|$GRES_LINE|g" "$1"
 }
 # install_conf TEMPLATE DEST MODE: write DEST if it changed; returns 0 when it changed
 install_conf() {
@@ -84,6 +99,7 @@ install_conf() {
 }
 slurm_changed=0; dbd_changed=0
 install_conf "$HERE/slurm.conf.in" "$CONF_DIR/slurm.conf" 644 && slurm_changed=1
+install_conf "$HERE/gres.conf.in" "$CONF_DIR/gres.conf" 644 && slurm_changed=1
 if [[ $ACCOUNTING == 1 ]]; then
     install_conf "$HERE/slurmdbd.conf.in" "$CONF_DIR/slurmdbd.conf" 600 && dbd_changed=1
 fi
@@ -164,4 +180,4 @@ esac
 
 acct=$([[ $ACCOUNTING == 1 ]] && echo "slurmdbd+mariadb" || echo "none (sacct fails)")
 echo "local SLURM ready in $(elapsed "$t0") s: cluster $CLUSTER, partition $PARTITION, node $HOST ($CPUS CPUs," \
-    "$MEM_MB MB, features $FEATURES), accounting $acct, config $CONF_DIR/slurm.conf, state $STATE"
+    "$MEM_MB MB, $GPUS fake GPUs, features $FEATURES), accounting $acct, config $CONF_DIR/slurm.conf, state $STATE"

@@ -27,7 +27,7 @@ if [[ -f $STATE/run/munged.ours ]]; then
     rm -f "$STATE/run/munged.ours"
 fi
 if [[ ${1:-} == --purge ]]; then
-    for f in "$CONF_DIR/slurm.conf" "$CONF_DIR/slurmdbd.conf"; do
+    for f in "$CONF_DIR/slurm.conf" "$CONF_DIR/slurmdbd.conf" "$CONF_DIR/gres.conf"; do
         [[ -f $f ]] && grep -q "$MARKER" "$f" && rm -f "$f"
     done
     rm -rf "$STATE"

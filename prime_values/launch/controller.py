@@ -141,6 +141,13 @@ class Controller:
 
     def start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        if "PRIME_VALUES_GPU_SLICE" in os.environ:  # an srun step: keep the role's GPUs of the allocation's
+            first, last = (int(k) for k in os.environ["PRIME_VALUES_GPU_SLICE"].split(":"))
+            visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+            if len(visible) < last:
+                raise RuntimeError(f"the step sees GPUs {visible or 'none'} but its role needs positions {first}.."
+                                   f"{last - 1} of them (PRIME_VALUES_GPU_SLICE={first}:{last})")
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[first:last])
         for k in range(self.ntasks):
             env = {**os.environ, "SUBMITIT_LOCAL_LOCALID": str(k), "SUBMITIT_LOCAL_GLOBALID": str(k),
                    "SUBMITIT_LOCAL_JOB_ID": self.job_id}

@@ -172,8 +172,9 @@ class LocalRoleExecutor(submitit.LocalExecutor):
             cmd = " && ".join([*self.parameters["setup"], shlex.join(cmd)])
         prefix = getattr(self, "step_prefix", None)
         if prefix:  # a step of the pipeline's SLURM allocation (prime_values.launch.slurm.step_command)
-            if any(p.startswith("--gpus=") for p in prefix):
-                env.pop("CUDA_VISIBLE_DEVICES")  # slurmstepd sets the step's own GPUs
+            env.pop("CUDA_VISIBLE_DEVICES")  # slurmstepd sets the allocation's GPUs; the controller keeps the role's
+            first, last = getattr(self, "step_gpus", None) or (0, 0)  # a CPU role: none (CUDA_VISIBLE_DEVICES='')
+            env["PRIME_VALUES_GPU_SLICE"] = f"{first}:{last}"  # launch.slurm.GPU_SLICE_ENV
             inner = shlex.join([*prefix, *cmd]) if isinstance(cmd, list) else \
                 shlex.join(prefix) + " bash -c " + shlex.quote(cmd)
             # the job id is the pid of this shell, which becomes srun: the controller on the node learns it here

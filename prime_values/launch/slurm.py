@@ -285,12 +285,26 @@ def fit_problem(request: dict, partition: str | None) -> str | None:
 
 def step_command(name: str, tasks: int, gpus: int, cpus: int) -> list[str]:
     """The srun prefix that starts a role's controller as a step of this allocation. --overlap: the roles share
-    the allocation's CPUs (a role is mostly waiting); the step's processes are the controller's tasks."""
-    command = ["srun", "--overlap", "--ntasks=1", "--nodes=1", f"--cpus-per-task={max(1, cpus)}", "--mem=0",
-               f"--job-name=pv_{name}", "--kill-on-bad-exit=1", "--quiet"]
-    if gpus:
-        command.append(f"--gpus={gpus}")
-    return command
+    the allocation's CPUs (a role is mostly waiting); the step's processes are the controller's tasks. It asks for
+    no GPUs: `--overlap` shares GRES too, so two steps with `--gpus=1` would both get the allocation's first GPU
+    (measured on the local SLURM's fake GPUs). The step sees every GPU of the allocation, and its controller keeps
+    the role's own (`GPU_SLICE_ENV`, from `gpu_offsets`)."""
+    return ["srun", "--overlap", "--ntasks=1", "--nodes=1", f"--cpus-per-task={max(1, cpus)}", "--mem=0",
+            f"--job-name=pv_{name}", "--kill-on-bad-exit=1", "--quiet"]
+
+
+GPU_SLICE_ENV = "PRIME_VALUES_GPU_SLICE"  # 'a:b': the step's controller keeps CUDA_VISIBLE_DEVICES[a:b]
+
+
+def gpu_offsets(cfg) -> dict[str, int]:
+    """Where each GPU role's GPUs start among the allocation's: in the order the allocation is sized for
+    (`pipeline_processes`), each role the next ones; the warm start, which runs alone before them, from 0."""
+    offsets, first = {"warm_start": 0}, 0
+    for name, _, gpus in pipeline_processes(cfg):
+        if gpus:
+            offsets[name] = first
+            first += gpus
+    return offsets
 
 
 def queued_line(job_id: str) -> str | None:
