@@ -30,7 +30,7 @@ def slurm():
         pytest.skip("local SLURM needs root: run `sudo launchers/local_slurm/start.sh` first, or the tests as root")
     # the node advertises the machine's real CPUs (2 here): a pipeline is one allocation its roles share. Set but
     # empty, so start.sh does not reuse a LOCAL_SLURM_CPUS an earlier start saved (launchers/local_slurm/common.sh)
-    env = {**os.environ, "LOCAL_SLURM_CPUS": ""}
+    env = {**os.environ, "LOCAL_SLURM_CPUS": "", "LOCAL_SLURM_NODES": ""}  # one node (a two-node test restores it)
     proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode in SKIP_CODES:
         pytest.skip(f"local SLURM cannot be installed here: {proc.stderr.strip().splitlines()[-1]}")
@@ -313,3 +313,36 @@ def test_a_pipeline_asking_for_more_gpus_than_the_partition_has_fails_in_one_lin
     assert len(lines) == 1, result.stderr
     assert "asks for 2 CPUs and 3 GPUs on one node" in lines[0] and "at most 2 CPUs and 2 GPUs" in lines[0], lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def _start(**settings) -> str:
+    proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LOCAL_SLURM_CPUS": "", **settings})
+    assert proc.returncode == 0, f"start.sh exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def _nodes() -> dict[str, int]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%c"], capture_output=True, text=True).stdout
+    return {name: int(cpus) for name, cpus in (line.split("|") for line in out.split())}
+
+
+@pytest.mark.slow  # a real SLURM daemon, restarted twice
+def test_two_nodes_on_one_host(slurm):
+    """LOCAL_SLURM_NODES=2: two slurmd on this host (`slurmd -N`, a port each) share the machine's CPUs; a job over
+    both nodes runs one task on each. The one-node cluster the other tests use comes back after."""
+    single = _nodes()
+    assert len(single) == 1, single
+    try:
+        assert "2 nodes" in _start(LOCAL_SLURM_NODES="2")
+        nodes = _nodes()
+        assert len(nodes) == 2 and sum(nodes.values()) == sum(single.values()), (nodes, single)
+        out = subprocess.run(["srun", "--nodes=2", "--ntasks=2", "--mem=100M", "bash", "-c",
+                              "echo $SLURM_PROCID $SLURMD_NODENAME $SLURM_STEP_NUM_NODES"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        tasks = sorted(line.split() for line in out.stdout.splitlines())
+        assert tasks == [["0", sorted(nodes)[0], "2"], ["1", sorted(nodes)[1], "2"]], (tasks, nodes)
+    finally:
+        _start(LOCAL_SLURM_NODES="")
+    assert _nodes() == single

@@ -18,7 +18,7 @@ if ((${#jobs[@]})); then
     scancel --quiet "${jobs[@]}" 2>/dev/null || true
     for _ in $(seq 150); do [[ -z $(squeue -h -o %A 2>/dev/null) ]] && break; sleep 0.1; done
 fi
-stop_daemon slurmd "$STATE/run/slurmd.pid"
+for pidfile in "$STATE"/run/slurmd*.pid; do stop_daemon slurmd "$pidfile"; done
 stop_daemon slurmctld "$STATE/run/slurmctld.pid"
 stop_daemon slurmdbd "$STATE/run/slurmdbd.pid"
 stop_daemon mariadbd "$STATE/run/mysql/mariadbd.pid"
