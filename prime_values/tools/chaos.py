@@ -115,7 +115,7 @@ def recovery_times(run_dir: Path, killed: list[dict]) -> list[float | None]:
 
 
 def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.0, max_gap_s: float = 12.0,
-          seed: int = 0, roles: tuple[str, ...] = ROLES, timeout_s: float = 3600, out=sys.stdout,
+          seed: int = 0, roles: tuple[str, ...] = ROLES, timeout_s: float = 3600, out=None,
           stop_after_steps: int | None = None, freeze: bool = False, hang_timeout_s: float = 20.0) -> dict:
     """Run the experiment with `overrides` in `run_dir`, killing a role `kills` times once RL has started
     (each role in turn, in a seeded random order, at random gaps); with `freeze`, SIGSTOP instead of SIGKILL,
@@ -124,7 +124,7 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
     asked to stop (the control file): the kills cannot race the run's own end, however fast the machine (give
     `steps` more than the kills can take). Returns the report (also written to `<run_dir>/chaos.json`; the run's
     whole output is `<run_dir>/chaos.log`)."""
-    rng = random.Random(seed)
+    rng, out = random.Random(seed), out or sys.stdout  # the stdout of the call (a default would keep the import's)
     run_dir = Path(run_dir).resolve()
     command = [sys.executable, "-m", "prime_values", *overrides, f"hydra.run.dir={run_dir}",
                f"launcher.max_restarts={kills + 1}", "launcher.restart_backoff_s=0.5"]
