@@ -1,8 +1,9 @@
-"""The conductor: the Hydra main process. Prepares the run directory, submits the roles as submitit jobs,
-shows live progress, restarts a role that dies (at once, within a budget per time window), stops every role when
-the policy trainer reaches its last step (or when a role fails for good), and ends with a summary. With
-launcher=slurm it submits the whole pipeline as one sbatch job instead, follows it, and the conductor inside that
-allocation runs the roles as srun steps (`submit_pipeline`).
+"""The conductor: the Hydra main process, which composes the parts of a run and reports. It prepares the run
+directory, runs the role jobs under the supervisor (prime_values.supervisor: restarts, budgets, hang detection),
+shows live progress, stops every role when the policy trainer reaches its last step (or when a role fails for
+good), and ends with a summary. With launcher=slurm it hands the run to the pipeline submitter instead
+(prime_values.submitter: one sbatch job for the whole pipeline), and the conductor inside that allocation runs
+the roles as srun steps under the same supervisor (`_allocation_main`).
 
 Roles never talk to the conductor: it reads what they write (metrics, heartbeats, done markers) and
 asks them to stop through the control file they all poll.
@@ -11,20 +12,19 @@ asks them to stop through the control file they all poll.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
 
 from prime_values.config import load_saved, resolve, validate
-from prime_values.launch import DEVICE_KEYS, entry, kill_tree, make_executor, resolve_devices, role_gpus, role_procs
+from prime_values.launch import DEVICE_KEYS, make_executor, resolve_devices
 from prime_values.launch.zygote import ZygoteClient
-from prime_values.roles import evaluator_name
 from prime_values.rundir import RunDir, write_atomic
+from prime_values.submitter import stop_reason, submit_pipeline
+from prime_values.supervisor import Fleet, RoleFailed, RoleJob, StopRequested, Supervisor, job_end  # noqa: F401
 from prime_values.tools.live import Progress  # the live view (prime_values/tools/live.py)
 from prime_values.tools.report import format_summary, summarise, write_report
 from prime_values.tools.sweep import after_point
@@ -32,169 +32,17 @@ from prime_values.wandb_sink import start_forwarder
 from prime_values.weights import latest_version
 
 
-class RoleFailed(RuntimeError):
-    pass
+def prepare(cfg, output_dir: str | None = None) -> tuple[RunDir, object, ZygoteClient | None]:
+    """Validate, create the run directory (`output_dir`, else Hydra's), resolve 'auto' devices and save the config;
+    a local attached run's fork server starts last, once nothing here can fail any more (none leaks from a
+    failed prepare)."""
+    if output_dir is None:
+        from hydra.core.hydra_config import HydraConfig
 
-
-@dataclass
-class RoleJob:
-    name: str
-    role: str
-    job: object
-    device: str = "cpu"
-    args: tuple = ()
-    finished: bool = False
-    restarts: int = 0  # over the whole run (the live view and control/restarts.json show it)
-    restart_times: list = field(default_factory=list)  # when each restart was made, for the rate budget
-    failed_early: int = 0  # failures in a row before the role came up (no heartbeat): these back off
-    restart_at: float | None = None  # a failed job waiting out its backoff before it is resubmitted
-
-
-@dataclass
-class Fleet:
-    """The submitted role jobs of one run. A role that fails is resubmitted at once (every role resumes from what
-    it left in the run directory), within a budget of launcher.max_restarts per launcher.restart_window_s; one
-    that fails again before it came up (no heartbeat) waits launcher.restart_backoff_s, doubled each time."""
-
-    run: RunDir
-    cfg: object
-    jobs: list[RoleJob] = field(default_factory=list)
-    restarts: int = 0
-
-    def _launch(self, role_job: RoleJob) -> None:
-        executor = make_executor(self.cfg.launcher, self.run.jobs, role_job.name, role_job.device,
-                                 tasks=role_procs(self.cfg.topology, role_job.role),  # trainers: one task per rank
-                                 gpus=role_gpus(self.cfg.topology, role_job.role))
-        role_job.job = executor.submit(entry(role_job.role), str(self.run.root), *role_job.args)
-        if not getattr(role_job.job, "started_at", 0.0):
-            role_job.job.started_at = time.time()
-
-    def submit(self, name: str, role: str, device: str, *args) -> RoleJob:
-        role_job = RoleJob(name, role, None, device, args)
-        self._launch(role_job)
-        self.jobs.append(role_job)
-        return role_job
-
-    def start_roles(self) -> None:
-        topo = self.cfg.topology
-        with_critic = self.cfg.resolved.uses_critic
-        for worker in range(topo.inference_workers):
-            self.submit(f"inference{worker}", "inference", topo.inference_device, worker)
-        if with_critic and topo.evaluator == "dedicated":
-            for index in range(topo.evaluators):
-                self.submit(evaluator_name(index), "evaluator", topo.evaluator_device, index)
-        self.submit("orchestrator", "orchestrator", "cpu")
-        self.submit("policy_trainer", "policy_trainer", topo.policy_trainer_device)
-        if with_critic:
-            self.submit("value_trainer", "value_trainer", topo.value_trainer_device)
-
-    def check(self) -> RoleJob | None:
-        """The first job that ended with its work done (policy trainer, warm start). Every job that ended otherwise
-        is resubmitted now (all of them in this one pass), or, past the restart budget, raises RoleFailed with
-        the cause and the log path. After a stop request, ended jobs are the stop at work: StopRequested."""
-        self._restart_due()
-        ended = []
-        for role_job in self.jobs:
-            if role_job.finished or role_job.restart_at is not None:
-                continue
-            over, cause = job_end(role_job.job)
-            if over:
-                ended.append((role_job, cause))
-        for role_job, cause in ended:  # a finished policy trainer ends the run whatever else ended with it
-            if cause is None and self.run.done_file(role_job.name).exists():
-                role_job.finished = True
-                return role_job
-        if ended and self.run.stop_requested():
-            raise StopRequested(f"stop requested through {self.run.stop_file}")
-        for role_job, cause in ended:
-            self._schedule_restart(role_job, cause or "exited before the run finished")
-        return None
-
-    def _schedule_restart(self, role_job: RoleJob, cause: str) -> None:
-        launcher, now = self.cfg.launcher, time.time()
-        window = launcher.restart_window_s
-        recent = [t for t in role_job.restart_times if window is None or now - t < window]
-        message = f"role {role_job.name} failed: {cause} (log: {role_job.job.paths.stderr})"
-        if len(recent) >= launcher.max_restarts:
-            role_job.finished = True
-            within = f" in {window:g} s" if window is not None else ""
-            budget = f"launcher.max_restarts={launcher.max_restarts}" + \
-                (f" per launcher.restart_window_s={window:g}" if window is not None else "")
-            raise RoleFailed(message + (f" after {len(recent)} restarts{within} ({budget})" if recent else ""))
-        came_up = _heartbeat_since(self.run, role_job.name, getattr(role_job.job, "started_at", now))
-        role_job.failed_early = 0 if came_up else role_job.failed_early + 1
-        # the first failure is restarted at once; a role failing again before it came up backs off (a crash loop)
-        early = role_job.failed_early
-        delay = 0.0 if early <= 1 else min(launcher.restart_backoff_s * 2 ** (early - 2), 60.0)
-        role_job.restart_times = [*recent, now]
-        role_job.restarts += 1
-        self.restarts += 1
-        per = f"; at most {launcher.max_restarts} per {window:g} s" if window is not None else ""
-        print(f"\nprime_values: {message}; restarting it in {delay:.0f} s "
-              f"({len(role_job.restart_times)}/{launcher.max_restarts}){per}", flush=True)
-        write_atomic(self.run.restarts_file,
-                     json.dumps({j.name: j.restarts for j in self.jobs}, sort_keys=True) + "\n")
-        if delay == 0:
-            self._launch(role_job)
-        else:
-            role_job.restart_at = now + delay
-
-    def _restart_due(self) -> None:
-        for role_job in self.jobs:
-            if role_job.restart_at is not None and time.time() >= role_job.restart_at:
-                role_job.restart_at = None
-                self._launch(role_job)
-
-    def running(self) -> list[RoleJob]:
-        return [j for j in self.jobs if not j.job.done()]
-
-    def stop(self, reason: str, grace_s: float) -> None:
-        """Ask every role to stop, give them `grace_s` to finish, then cancel (and finally kill) the rest."""
-        self.run.request_stop(reason)
-        for role_job in self.jobs:
-            role_job.restart_at = None  # nothing is restarted once the stop is asked for
-        deadline = time.time() + grace_s
-        while self.running() and time.time() < deadline:
-            time.sleep(0.2)
-        for role_job in self.running():  # local processes, or (launcher=slurm) the srun steps of this allocation
-            role_job.job.cancel()
-        deadline = time.time() + 10
-        while self.running() and time.time() < deadline:
-            time.sleep(0.2)
-        for role_job in self.running():
-            kill_tree(int(role_job.job.job_id))  # last resort: never leave a process behind (job_id is the pid)
-
-
-def _heartbeat_since(run: RunDir, name: str, since: float) -> bool:
-    """Whether role `name` wrote a heartbeat after `since` (it came up: imports done, run directory read)."""
-    try:
-        return run.heartbeat_file(name).stat().st_mtime >= since - 1.0
-    except OSError:
-        return False
-
-
-def job_end(job) -> tuple[bool, str | None]:
-    """(ended, cause) of a role job without waiting: (False, None) while it runs, (True, None) when it exited
-    cleanly, else (True, the cause in words). Local jobs read their controller's exit state
-    (prime_values.launch.local), SLURM jobs their job state (prime_values.launch.slurm.exit_cause)."""
-    if hasattr(job, "exit_cause"):
-        return job.exit_cause()
-    if not job.done():
-        return False, None
-    from prime_values.launch.slurm import exit_cause
-
-    return True, exit_cause(job)
-
-
-def prepare(cfg) -> tuple[RunDir, object, ZygoteClient | None]:
-    """Validate, create the run directory, resolve 'auto' devices and save the config. A local attached run's fork
-    server starts here, as early as it can (its imports take ~8 s on 2 cores)."""
-    from hydra.core.hydra_config import HydraConfig
-
+        output_dir = HydraConfig.get().runtime.output_dir
     validate(cfg)  # again here: multirun jobs come through here with their own values
-    run = RunDir(HydraConfig.get().runtime.output_dir)
+    run = RunDir(output_dir)
     run.mkdirs()
-    fork_server = ZygoteClient(run.root) if wants_fork_server(cfg) else None
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     if any(cfg.topology[key] == "auto" for key in DEVICE_KEYS):  # an all-CPU run never imports torch here
         import torch
@@ -205,7 +53,7 @@ def prepare(cfg) -> tuple[RunDir, object, ZygoteClient | None]:
     if run.stop_requested():
         run.stop_file.unlink()  # a rerun in the same directory resumes
     run.register_conductor(watch=cfg.launcher.name == "local")
-    return run, cfg, fork_server
+    return run, cfg, ZygoteClient(run.root) if wants_fork_server(cfg) else None
 
 
 def _terminate_gracefully(signum, frame):
@@ -222,12 +70,12 @@ def conduct(cfg) -> dict:
 
         if cfg.launcher.name == "slurm" and not in_allocation():
             signal.signal(signal.SIGTERM, _terminate_gracefully)
-            return submit_pipeline(run, cfg)
+            return submit_pipeline(run, cfg, _allocation_main)
         if cfg.launcher.detach:
             return detach(run, cfg)
         signal.signal(signal.SIGTERM, _terminate_gracefully)
         return run_roles(run, cfg, fork_server)
-    finally:
+    finally:  # every exit, an error included, and each point of a multirun (each comes through here)
         stop_fork_server(fork_server)  # run_roles stops it once the roles have ended; this covers the other exits
 
 
@@ -238,7 +86,7 @@ def _allocation_main(run_dir: str) -> dict:
     os.environ[ALLOCATION_ENV] = "1"
     signal.signal(signal.SIGTERM, _terminate_gracefully)  # scancel / the end of the time limit: stop the roles
     run = RunDir(run_dir)
-    asked = _stop_reason(run)  # the stop the conductor of a lost allocation asked for is not the user's: resume
+    asked = stop_reason(run)  # the stop the conductor of a lost allocation asked for is not the user's: resume
     if asked is not None and "user" not in asked and asked != "stopped":
         run.stop_file.unlink(missing_ok=True)
     try:
@@ -247,103 +95,6 @@ def _allocation_main(run_dir: str) -> dict:
         if exit_.code:
             raise RuntimeError(f"the run failed; see {RunDir(run_dir).report / 'summary.json'}") from None
         raise
-
-
-def _stop_reason(run: RunDir) -> str | None:
-    """The reason in the run's stop file ('' when unreadable), None when there is none."""
-    if not run.stop_requested():
-        return None
-    try:
-        return str(json.loads(run.stop_file.read_text()).get("reason", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
-
-
-LOST = {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}  # the allocation was lost, not the run: requeue and resume
-LOST_GRACE_S = 30.0  # how long a lost job may take to be requeued by SLURM itself before it is resubmitted
-
-
-def submit_pipeline(run: RunDir, cfg) -> dict:
-    """launcher=slurm: the rl stage as one sbatch job for all roles (prime_values.launch.slurm), followed from here:
-    queued (and why), then the live view from the run directory; a lost allocation is resubmitted (launcher.
-    max_restarts per launcher.restart_window_s) and the next one resumes the run; Ctrl-C stops it cleanly."""
-    from prime_values.launch.slurm import (cancel_all, describe_request, job_states, make_slurm_executor,
-                                           pipeline_request, queued_line)
-
-    request, launcher = pipeline_request(cfg), cfg.launcher
-    extra = {**dict(launcher.extra_sbatch), "requeue": True}  # SLURM itself requeues it after a node failure
-    executor = make_slurm_executor(
-        run.jobs / "pipeline", partition=launcher.partition, account=launcher.account, qos=launcher.qos,
-        constraint=launcher.constraint, extra_sbatch=extra, setup=list(launcher.setup),
-        time_min=launcher.timeout_min, job_name="pv_pipeline", gpus_per_node=request["gpus"], tasks_per_node=1,
-        cpus_per_task=request["cpus"], mem_gb=launcher.mem_gb)
-    progress = Progress(run, cfg.steps)
-    print(f"prime_values: run directory {run.root}\nprime_values: one allocation for the pipeline: "
-          f"{describe_request(request)}", flush=True)
-    job = executor.submit(_allocation_main, str(run.root))
-    print(f"prime_values: submitted pipeline job {job.job_id}", flush=True)
-    if launcher.detach:
-        print(f"prime_values: detached; follow it:  python -m prime_values.status {run.root}\n"
-              f"  stop it:    python -m prime_values.status {run.root} --stop", flush=True)
-        return {"status": "detached", "run_dir": str(run.root), "conductor_job": str(job.job_id)}
-    resubmits: list[float] = []
-    shown_queue, reason, lost_since = None, None, None
-    try:
-        while True:
-            state = job_states([job]).get(job.job_id, "UNKNOWN")
-            if state == "PENDING":
-                line = queued_line(job.job_id)
-                if line and line != shown_queue:
-                    print(f"prime_values: {line}", flush=True)
-                    shown_queue = line
-                    write_atomic(run.root / "control" / "queued", line + "\n")
-            elif state not in ("UNKNOWN",):
-                if shown_queue is not None:
-                    (run.root / "control" / "queued").unlink(missing_ok=True)
-                    shown_queue = None
-                progress.show()
-            lost_since = (lost_since or time.time()) if state in LOST else None
-            if state in LOST and time.time() - lost_since >= LOST_GRACE_S:  # SLURM did not requeue it (--requeue)
-                cancel_all([job])  # never two allocations on one run directory
-                now = time.time()
-                window = launcher.restart_window_s
-                resubmits = [t for t in resubmits if window is None or now - t < window]
-                if len(resubmits) >= launcher.max_restarts:
-                    reason = f"the pipeline's allocation was lost ({state}) after {len(resubmits)} resubmissions"
-                    break
-                resubmits.append(now)
-                lost_since = None
-                job = executor.submit(_allocation_main, str(run.root))
-                print(f"\nprime_values: the pipeline's allocation was lost ({state}); resubmitted as job "
-                      f"{job.job_id}: the run resumes from its run directory", flush=True)
-                continue
-            if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "REVOKED"):
-                if state != "COMPLETED":
-                    reason = f"the pipeline job {job.job_id} ended {state} (log: {job.paths.stderr})"
-                break
-            if _stop_reason(run) and "user" in _stop_reason(run):  # not the stop of a lost allocation's conductor
-                raise StopRequested(f"stop requested through {run.stop_file}")
-            time.sleep(max(cfg.launcher.poll_s, 1.0))
-    except (KeyboardInterrupt, StopRequested) as stop:
-        if isinstance(stop, KeyboardInterrupt):  # (a StopRequested: the user's stop file is there already)
-            run.request_stop("interrupted by the user")
-        deadline = time.time() + cfg.launcher.stop_grace_s + 30
-        while time.time() < deadline and job_states([job]).get(job.job_id) not in (
-                "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            time.sleep(1)
-        cancel_all([job])
-        reason = None if isinstance(stop, StopRequested) else "interrupted by the user"
-    (run.root / "control" / "queued").unlink(missing_ok=True)
-    progress.show(final=True)
-    summary_file = run.report / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else \
-        summarise(run, status="failed" if reason else "stopped", error=reason)
-    print(format_summary(summary), flush=True)
-    failure = (summary.get("error") if summary.get("status") == "failed" else None) or reason
-    if failure:
-        print(f"prime_values: {failure}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    return summary
 
 
 def detach(run: RunDir, cfg) -> dict:
@@ -387,7 +138,7 @@ def drive(run_dir: str) -> dict:
 def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict:
     """Run the roles of the rl stage from this process until the policy trainer ends; `fork_server`: one already
     starting (prepare), else one is started here when launcher.fork_server asks for it."""
-    fleet = Fleet(run, cfg)
+    fleet = Supervisor(run, cfg)
     progress = Progress(run, cfg.steps)
     print(f"prime_values: run directory {run.root}", flush=True)
     reason, failure = "finished", None
@@ -473,10 +224,6 @@ def stop_fork_server(server) -> None:
     if local.FORK_SERVER is server:
         local.FORK_SERVER = None
     server.close()
-
-
-class StopRequested(Exception):
-    pass
 
 
 def _poll(run: RunDir, progress: Progress, cfg) -> None:

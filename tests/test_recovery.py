@@ -182,13 +182,13 @@ def test_a_crash_loop_backs_off(tmp_path, monkeypatch):
     """No heartbeat since the job started: the first restart is still immediate, the next ones wait
     restart_backoff_s, doubled."""
     fleet, job, launched = _fleet(tmp_path, max_restarts=10)
-    fleet._schedule_restart(job, "exit code 1: ImportError")
+    fleet._schedule_restart(job, "killed by signal 9")
     assert len(launched) == 1 and job.restart_at is None
     now = time.time()
-    fleet._schedule_restart(job, "exit code 1: ImportError")
+    fleet._schedule_restart(job, "killed by signal 9")
     assert len(launched) == 1 and 1.5 < job.restart_at - now < 2.5
     job.restart_at = None
-    fleet._schedule_restart(job, "exit code 1: ImportError")
+    fleet._schedule_restart(job, "killed by signal 9")
     assert 3.5 < job.restart_at - now < 4.5
 
 

@@ -30,7 +30,7 @@ def slurm():
         pytest.skip("local SLURM needs root: run `sudo launchers/local_slurm/start.sh` first, or the tests as root")
     # the node advertises the machine's real CPUs (2 here): a pipeline is one allocation its roles share. Set but
     # empty, so start.sh does not reuse a LOCAL_SLURM_CPUS an earlier start saved (launchers/local_slurm/common.sh)
-    env = {**os.environ, "LOCAL_SLURM_CPUS": ""}
+    env = {**os.environ, "LOCAL_SLURM_CPUS": "", "LOCAL_SLURM_NODES": ""}  # one node (a two-node test restores it)
     proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode in SKIP_CODES:
         pytest.skip(f"local SLURM cannot be installed here: {proc.stderr.strip().splitlines()[-1]}")
@@ -255,3 +255,94 @@ def test_launcher_slurm_config_is_checked_against_the_cluster(slurm):
     assert line is not None and "launcher.partition='nope' is not a partition" in line and "debug" in line, line
     # the local cluster has a default partition, and 2 CPUs: the pipeline fits when its roles share them
     assert precheck(["+experiment=arith", "launcher=slurm", "launcher.cpus=2"]) is None
+
+
+def report_gpus(name: str) -> str:
+    time.sleep(3)  # every step runs at once: GPUs handed to two of them at the same time would show
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+
+
+def probe_role_steps(run_dir: str, cfg) -> dict:
+    """Inside a pipeline-like allocation: start the rl stage's roles as srun steps, exactly as its conductor does
+    (the supervisor, launch.make_executor), each running `report_gpus` instead of the role."""
+    from prime_values.launch.slurm import ALLOCATION_ENV
+    from prime_values.rundir import RunDir
+    from prime_values.supervisor import Supervisor
+
+    class Probe(Supervisor):
+        def _call(self, role_job):
+            return (report_gpus, role_job.name)
+
+    os.environ[ALLOCATION_ENV] = "1"
+    run = RunDir(run_dir)
+    run.mkdirs()
+    supervisor = Probe(run, cfg)
+    supervisor.start_roles()
+    return {role_job.name: role_job.job.result() for role_job in supervisor.jobs}
+
+
+@pytest.mark.slow  # a real SLURM daemon
+def test_each_step_gets_the_gpus_the_topology_asks_for(slurm, tmp_path):
+    """The local cluster's fake GPUs (launchers/local_slurm, LOCAL_SLURM_GPUS=2): the roles' steps run at once in one
+    allocation of 2 GPUs; each GPU role sees its own GPU (srun --overlap alone would give both GPU 0), the CPU roles
+    none."""
+    from e2e_helpers import compose
+    from prime_values.launch.slurm import pipeline_request
+
+    gres = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True).stdout.split()
+    assert gres and gres[0].startswith("gpu:2"), f"the local node has no 2 fake GPUs: {gres}"
+    cfg = compose(["+experiment=arith", "launcher=slurm", "launcher.cpus=2", "topology.policy_trainer_device=cuda:0",
+                   "topology.value_trainer_device=cuda:1"])
+    request = pipeline_request(cfg)
+    assert request["gpus"] == 2, request
+    ex = executor(tmp_path / "jobs", gpus_per_node=request["gpus"], cpus_per_task=2, mem_gb=1)
+    job = ex.submit(probe_role_steps, str(tmp_path / "run"), cfg)
+    assert wait_states([job], FINISHED, timeout=300)[job.job_id] == "COMPLETED", job.paths.stderr.read_text()
+    seen = job.result()
+    assert seen == {"inference0": "", "evaluator": "", "orchestrator": "", "policy_trainer": "0",
+                    "value_trainer": "1"}, seen
+
+
+@pytest.mark.slow  # a real SLURM daemon
+def test_a_pipeline_asking_for_more_gpus_than_the_partition_has_fails_in_one_line(slurm, tmp_path):
+    result = cli("+experiment=arith", "launcher=slurm", "launcher.cpus=2", "topology.policy_trainer_device=cuda:0",
+                 "topology.policy_trainer_procs=2", "topology.value_trainer_device=cuda:2",
+                 f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "asks for 2 CPUs and 3 GPUs on one node" in lines[0] and "at most 2 CPUs and 2 GPUs" in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def _start(**settings) -> str:
+    proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LOCAL_SLURM_CPUS": "", **settings})
+    assert proc.returncode == 0, f"start.sh exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def _nodes() -> dict[str, int]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%c"], capture_output=True, text=True).stdout
+    return {name: int(cpus) for name, cpus in (line.split("|") for line in out.split())}
+
+
+@pytest.mark.slow  # a real SLURM daemon, restarted twice
+def test_two_nodes_on_one_host(slurm):
+    """LOCAL_SLURM_NODES=2: two slurmd on this host (`slurmd -N`, a port each) share the machine's CPUs; a job over
+    both nodes runs one task on each. The one-node cluster the other tests use comes back after."""
+    single = _nodes()
+    assert len(single) == 1, single
+    try:
+        assert "2 nodes" in _start(LOCAL_SLURM_NODES="2")
+        nodes = _nodes()
+        assert len(nodes) == 2 and sum(nodes.values()) == sum(single.values()), (nodes, single)
+        out = subprocess.run(["srun", "--nodes=2", "--ntasks=2", "--mem=100M", "bash", "-c",
+                              "echo $SLURM_PROCID $SLURMD_NODENAME $SLURM_STEP_NUM_NODES"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        tasks = sorted(line.split() for line in out.stdout.splitlines())
+        assert tasks == [["0", sorted(nodes)[0], "2"], ["1", sorted(nodes)[1], "2"]], (tasks, nodes)
+    finally:
+        _start(LOCAL_SLURM_NODES="")
+    assert _nodes() == single

@@ -55,7 +55,37 @@ CPUS=$(echo "$NODE_HW" | tr ' ' '\n' | sed -n 's/^CPUs=//p')
 MEM_MB=${LOCAL_SLURM_MEM_MB:-$(slurmd -C | head -1 | tr ' ' '\n' | sed -n 's/^RealMemory=//p')}
 NODE_HW="$NODE_HW RealMemory=$MEM_MB"
 DEF_MEM_PER_CPU=$(( MEM_MB / CPUS < 1024 ? MEM_MB / CPUS : 1024 ))  # a job without --mem does not take the node
-
+# LOCAL_SLURM_NODES > 1: that many nodes on this host, each its own slurmd (`slurmd -N <name>`, its own port, spool
+# and pid file), the machine's CPUs and memory split between them: a multi-node cluster to test on
+NODES=${LOCAL_SLURM_NODES:-1}
+((NODES >= 1 && NODES <= CPUS)) || fail 5 "LOCAL_SLURM_NODES=$NODES: give 1..$CPUS (each node needs a CPU)"
+if ((NODES == 1)); then
+    NAMES=("$HOST")
+else
+    NAMES=()
+    for ((k = 1; k <= NODES; k++)); do NAMES+=("$HOST-$k"); done
+    NODE_HW="CPUs=$((CPUS / NODES)) RealMemory=$((MEM_MB / NODES))"
+fi
+# fake GPUs: character devices with NVIDIA's major number under the state directory (nothing opens them); slurmd
+# hands them out as GRES gpu and sets each step's CUDA_VISIBLE_DEVICES, so GPU binding is testable without GPUs
+GPUS=${LOCAL_SLURM_GPUS:-2}
+NODE_LINES="" GRES_LINES="" GRES_TYPES=""
+((GPUS > 0)) && GRES_TYPES="GresTypes=gpu"
+for ((i = 0; i < NODES; i++)); do
+    name=${NAMES[$i]} port=$((SLURMD_PORT + 10 * i))
+    gres=""
+    if ((GPUS > 0)); then
+        mkdir -p "$STATE/dev/$name"
+        for ((k = 0; k < GPUS; k++)); do
+            [[ -c $STATE/dev/$name/nvidia$k ]] || mknod "$STATE/dev/$name/nvidia$k" c 195 "$k" ||
+                fail 5 "mknod $STATE/dev/$name/nvidia$k failed"
+        done
+        gres="Gres=gpu:$GPUS"
+        GRES_LINES+="NodeName=$name Name=gpu File=$STATE/dev/$name/nvidia[0-$((GPUS - 1))]\n"
+    fi
+    NODE_LINES+="NodeName=$name NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$port $NODE_HW $gres Features=$FEATURES State=UNKNOWN\n"
+done
+NODE_LIST=$(IFS=,; echo "${NAMES[*]}")
 if [[ $ACCOUNTING == 1 ]]; then
     ACCT="AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\nAccountingStoragePort=$DBD_PORT"
 else
@@ -68,7 +98,9 @@ render() {  # render TEMPLATE: substitute @VARS@
     sed -e "s|@CLUSTER@|$CLUSTER|g; s|@HOST@|$HOST|g; s|@STATE@|$STATE|g; s|@PARTITION@|$PARTITION|g; s|@FEATURES@|$FEATURES|g" \
         -e "s|@CTLD_PORT@|$CTLD_PORT|g; s|@SLURMD_PORT@|$SLURMD_PORT|g; s|@DBD_PORT@|$DBD_PORT|g" \
         -e "s|@DB_PORT@|$DB_PORT|g; s|@DB_PASS@|$DB_PASS|g; s|@NODE_HW@|$NODE_HW|g" \
-        -e "s|@DEF_MEM_PER_CPU@|$DEF_MEM_PER_CPU|g; s|@ACCOUNTING@|$ACCT|g" "$1"
+        -e "s|@DEF_MEM_PER_CPU@|$DEF_MEM_PER_CPU|g; s|@ACCOUNTING@|$ACCT|g" \
+        -e "s|@GRES_TYPES@|$GRES_TYPES|g; s|@GRES_LINES@|$GRES_LINES|g; s|@NODE_LINES@|$NODE_LINES|g" \
+        -e "s|@NODE_LIST@|$NODE_LIST|g" "$1"
 }
 # install_conf TEMPLATE DEST MODE: write DEST if it changed; returns 0 when it changed
 install_conf() {
@@ -84,6 +116,7 @@ install_conf() {
 }
 slurm_changed=0; dbd_changed=0
 install_conf "$HERE/slurm.conf.in" "$CONF_DIR/slurm.conf" 644 && slurm_changed=1
+install_conf "$HERE/gres.conf.in" "$CONF_DIR/gres.conf" 644 && slurm_changed=1
 if [[ $ACCOUNTING == 1 ]]; then
     install_conf "$HERE/slurmdbd.conf.in" "$CONF_DIR/slurmdbd.conf" 600 && dbd_changed=1
 fi
@@ -140,28 +173,35 @@ if [[ $ACCOUNTING == 1 ]]; then
 fi
 
 if ((slurm_changed)); then  # a new node shape or accounting setting needs fresh daemons
-    stop_daemon slurmd "$STATE/run/slurmd.pid"
+    for pidfile in "$STATE"/run/slurmd*.pid; do stop_daemon slurmd "$pidfile"; done
     stop_daemon slurmctld "$STATE/run/slurmctld.pid"
 fi
 is_running slurmctld "$STATE/run/slurmctld.pid" || /usr/sbin/slurmctld -f "$CONF_DIR/slurm.conf" 9>&- ||
     fail 5 "slurmctld did not start (log: $STATE/log/slurmctld.log)"
-is_running slurmd "$STATE/run/slurmd.pid" || /usr/sbin/slurmd -f "$CONF_DIR/slurm.conf" -N "$HOST" 9>&- ||
-    fail 5 "slurmd did not start (log: $STATE/log/slurmd.log)"
+for name in "${NAMES[@]}"; do
+    mkdir -p "$STATE/slurmd/$name"
+    is_running slurmd "$STATE/run/slurmd-$name.pid" || /usr/sbin/slurmd -f "$CONF_DIR/slurm.conf" -N "$name" 9>&- ||
+        fail 5 "slurmd -N $name did not start (log: $STATE/log/slurmd-$name.log)"
+done
 wait_for 30 "$STATE/log/slurmctld.log" scontrol ping
 
-node_state() { sinfo -h -n "$HOST" -o %t 2>/dev/null | head -1; }
-for _ in $(seq 300); do
-    case $(node_state) in
-        idle* | mix* | alloc* | comp*) break ;;
-        down* | drain* | drng* | fail*) scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true ;;
+node_state() { sinfo -h -n "$1" -o %t 2>/dev/null | head -1; }
+for name in "${NAMES[@]}"; do
+    for _ in $(seq 300); do
+        case $(node_state "$name") in
+            idle* | mix* | alloc* | comp*) break ;;
+            down* | drain* | drng* | fail*) scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true ;;
+        esac
+        sleep 0.1
+    done
+    case $(node_state "$name") in
+        idle* | mix* | alloc* | comp*) ;;
+        *) fail 5 "node $name is '$(node_state "$name")', not accepting jobs (logs: $STATE/log/slurmd-$name.log, slurmctld.log)" ;;
     esac
-    sleep 0.1
 done
-case $(node_state) in
-    idle* | mix* | alloc* | comp*) ;;
-    *) fail 5 "node $HOST is '$(node_state)', not accepting jobs (logs: $STATE/log/slurmd.log, slurmctld.log)" ;;
-esac
 
 acct=$([[ $ACCOUNTING == 1 ]] && echo "slurmdbd+mariadb" || echo "none (sacct fails)")
-echo "local SLURM ready in $(elapsed "$t0") s: cluster $CLUSTER, partition $PARTITION, node $HOST ($CPUS CPUs," \
-    "$MEM_MB MB, features $FEATURES), accounting $acct, config $CONF_DIR/slurm.conf, state $STATE"
+what="node $HOST ($CPUS CPUs, $MEM_MB MB, $GPUS fake GPUs"
+((NODES > 1)) && what="$NODES nodes ${NAMES[*]} on $HOST ($((CPUS / NODES)) CPUs, $((MEM_MB / NODES)) MB, $GPUS fake GPUs each"
+echo "local SLURM ready in $(elapsed "$t0") s: cluster $CLUSTER, partition $PARTITION, $what," \
+    "features $FEATURES), accounting $acct, config $CONF_DIR/slurm.conf, state $STATE"

@@ -18,7 +18,7 @@ if ((${#jobs[@]})); then
     scancel --quiet "${jobs[@]}" 2>/dev/null || true
     for _ in $(seq 150); do [[ -z $(squeue -h -o %A 2>/dev/null) ]] && break; sleep 0.1; done
 fi
-stop_daemon slurmd "$STATE/run/slurmd.pid"
+for pidfile in "$STATE"/run/slurmd*.pid; do stop_daemon slurmd "$pidfile"; done
 stop_daemon slurmctld "$STATE/run/slurmctld.pid"
 stop_daemon slurmdbd "$STATE/run/slurmdbd.pid"
 stop_daemon mariadbd "$STATE/run/mysql/mariadbd.pid"
@@ -27,7 +27,7 @@ if [[ -f $STATE/run/munged.ours ]]; then
     rm -f "$STATE/run/munged.ours"
 fi
 if [[ ${1:-} == --purge ]]; then
-    for f in "$CONF_DIR/slurm.conf" "$CONF_DIR/slurmdbd.conf"; do
+    for f in "$CONF_DIR/slurm.conf" "$CONF_DIR/slurmdbd.conf" "$CONF_DIR/gres.conf"; do
         [[ -f $f ]] && grep -q "$MARKER" "$f" && rm -f "$f"
     done
     rm -rf "$STATE"

@@ -32,6 +32,13 @@ class LauncherConfig:
     restart_backoff_s: float = ranged(2.0, ">= 0")
     """a failed role is restarted at once; one that fails again before it came up (no heartbeat since its start: a
     crash loop) waits this long before its next restart, doubled for each further such failure (at most 60 s)"""
+    hang_timeout_s: Optional[float] = ranged(1800.0, ("> 0", " (seconds), or null to never take a silent role "
+                                                            "for hung"))
+    """a role whose newest heartbeat (or its start, before the first) is older than this is taken for hung (a
+    deadlock, a collective that never returns, a dead mount, a SIGSTOP): it is SIGKILLed with its processes and
+    restarted with the cause 'hung: no heartbeat for N s', counted in its restart budget. Roles beat every ~2 s
+    while they poll; one step or evaluation of a big model on a CPU can keep one quiet for minutes: raise it there
+    (null = never)"""
     fork_server: bool = True
     """local: fork every role job from one process that has imported torch and transformers already (a restarted
     role is working in about a second instead of paying 5-15 s of imports); false = a fresh Python process each"""

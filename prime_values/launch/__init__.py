@@ -7,7 +7,9 @@ import os
 import signal
 from pathlib import Path
 
-from prime_values.launch.topology import role_gpus, role_procs  # noqa: F401  (role_procs: the conductor's)
+import psutil
+
+from prime_values.launch.topology import pipeline_roles, role_gpus, role_procs  # noqa: F401  (the supervisor's)
 from prime_values.roles import ENTRYPOINTS
 
 DEVICE_KEYS = ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device")
@@ -51,11 +53,14 @@ def entry(role: str) -> RoleEntry:
     return RoleEntry(role)
 
 
-def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int = 1, gpus: int | None = None):
+def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int = 1, gpus: int | None = None,
+                  first_gpu: int = 0):
     """A submitit executor for role `name`: a local subprocess, or an sbatch job (launcher=slurm) that asks for
     one GPU when the role's device is a GPU. `tasks` > 1 (a multi-process trainer): that many tasks of one job
     (one node), each with its own GPU on a GPU device (locally the `tasks` GPUs from `device` on). `gpus`: the
-    job's GPUs when not one per task (a tensor-parallel inference worker: one task, topology.inference_tp GPUs)."""
+    job's GPUs when not one per task (a tensor-parallel inference worker: one task, topology.inference_tp GPUs).
+    `first_gpu`: inside a pipeline's allocation, where the role's GPUs start among the allocation's
+    (`slurm.gpu_offsets`: every GPU role its own)."""
     gpus = (tasks if gpus is None else gpus) if device.startswith("cuda") else 0
     if launcher.name == "slurm":
         from prime_values.launch.slurm import in_allocation, make_slurm_executor, step_command
@@ -66,6 +71,7 @@ def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int =
             executor = LocalRoleExecutor(folder=jobs_dir / name)
             executor.update_parameters(timeout_min=launcher.timeout_min, tasks_per_node=tasks)
             executor.step_prefix = step_command(name, tasks, gpus, tasks * launcher.cpus_per_task)
+            executor.step_gpus = (first_gpu, first_gpu + gpus) if gpus else None
             return executor
 
         return make_slurm_executor(
@@ -101,27 +107,65 @@ def solo_threads() -> int:
     return int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of `pid` (Linux /proc), children before grandchildren."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def process_of(target) -> psutil.Process | None:
+    """The psutil handle of a job (its `proc`, taken when it was started: psutil then checks the process's create
+    time before every signal, so a pid reused after the job ended is never signalled), of a handle, or of a pid
+    (found now, for a process known to be alive); None when it is gone."""
+    proc = getattr(target, "proc", target)
+    try:
+        proc = proc if isinstance(proc, psutil.Process) else psutil.Process(int(proc))
+        return proc if proc.is_running() else None
+    except (psutil.Error, TypeError, ValueError):
+        return None
+
+
+def descendants(target) -> list[int]:
+    """The pids of every live descendant of a process (a pid, psutil handle or job), children before
+    grandchildren."""
+    proc = process_of(target)
+    try:
+        return [child.pid for child in proc.children(recursive=True)] if proc else []
+    except psutil.Error:
+        return []
+
+
+def signal_tree(target, signum: int = signal.SIGKILL) -> list[psutil.Process]:
+    """Send `signum` to a process (a job, psutil handle or pid) and everything it started, each through its psutil
+    handle (never a reused pid). Returns the processes signalled."""
+    proc = process_of(target)
+    if proc is None:
+        return []
+    try:
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        tree = [proc]
+    signalled = []
+    for member in tree:
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, frontier = [], [pid]
-    while frontier:
-        children = parents.get(frontier.pop(), [])
-        found += children
-        frontier += children
+            member.send_signal(signum)
+            signalled.append(member)
+        except psutil.Error:
+            pass
+    return signalled
+
+
+def kill_tree(target) -> None:
+    """SIGKILL a job's controller and everything it started: the last resort against orphans."""
+    signal_tree(target, signal.SIGKILL)
+
+
+def folder_processes(folder) -> list[psutil.Process]:
+    """The processes whose command line ends with job folder `folder` (a controller or a submitit task started as
+    a fresh process, also one that slurmstepd started for an srun step, which is no descendant of ours)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):  # the folder name ends the path: 'inference0' is not 'inference01'
+        if any(arg.rstrip("/") == str(folder) for arg in proc.info["cmdline"] or ()):
+            found.append(proc)
     return found
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL a job's controller and everything it started: the last resort against orphans."""
-    for target in [pid, *descendants(pid)]:
-        try:
-            os.kill(target, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def kill_job(job) -> None:
+    """SIGKILL a local job or srun step: its process tree, and the processes of its folder with theirs (an srun
+    step's controller runs under slurmstepd: killing srun alone would leave it running beside a replacement)."""
+    for target in [job, *folder_processes(job.paths.folder)]:
+        kill_tree(target)

@@ -109,7 +109,7 @@ class ForkedTask:
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
-        os.kill(self.pid, signum)
+        os.kill(self.pid, signum)  # our own child: its pid is not free for reuse until poll() has reaped it
 
 
 class Controller:
@@ -133,7 +133,7 @@ class Controller:
 
     def _send(self, signum: int) -> None:
         for task in self.tasks:
-            if task.poll() is None:
+            if task.poll() is None:  # not reaped yet: its pid is still its own (a zombie at worst), never reused
                 try:
                     task.send_signal(signum)
                 except OSError:
@@ -141,6 +141,13 @@ class Controller:
 
     def start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        if "PRIME_VALUES_GPU_SLICE" in os.environ:  # an srun step: keep the role's GPUs of the allocation's
+            first, last = (int(k) for k in os.environ["PRIME_VALUES_GPU_SLICE"].split(":"))
+            visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+            if len(visible) < last:
+                raise RuntimeError(f"the step sees GPUs {visible or 'none'} but its role needs positions {first}.."
+                                   f"{last - 1} of them (PRIME_VALUES_GPU_SLICE={first}:{last})")
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[first:last])
         for k in range(self.ntasks):
             env = {**os.environ, "SUBMITIT_LOCAL_LOCALID": str(k), "SUBMITIT_LOCAL_GLOBALID": str(k),
                    "SUBMITIT_LOCAL_JOB_ID": self.job_id}

@@ -22,8 +22,11 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import submitit
 from submitit.local.local import LocalJob
+
+from prime_values.launch.controller import _write_json
 
 # the run's fork server (prime_values.launch.zygote.ZygoteClient), set by the conductor of a local run: role jobs
 # are forked from it, pre-imported, instead of started as fresh Python processes
@@ -95,6 +98,12 @@ class LocalRoleJob(LocalJob):
 
     started_at: float = 0.0
     oom_at_start: int | None = None
+    proc: psutil.Process | None = None  # the controller (or srun), taken at its start: signals check its create time
+
+    @property
+    def collateral(self) -> bool:
+        """Whether the job died because the fork server it was forked from died (not a failure of its own)."""
+        return bool(getattr(self._process, "server_lost", False))
 
     @property
     def exit_file(self) -> Path:
@@ -112,7 +121,7 @@ class LocalRoleJob(LocalJob):
             if code is None:
                 return False, None
             if code < 0:  # the controller itself was killed; its tasks die with it (PR_SET_PDEATHSIG)
-                return True, self._signal_cause(-code)
+                return True, "killed with the fork server (it died)" if self.collateral else self._signal_cause(-code)
         try:
             state = json.loads(self.exit_file.read_text())
         except (OSError, ValueError):
@@ -163,8 +172,9 @@ class LocalRoleExecutor(submitit.LocalExecutor):
             cmd = " && ".join([*self.parameters["setup"], shlex.join(cmd)])
         prefix = getattr(self, "step_prefix", None)
         if prefix:  # a step of the pipeline's SLURM allocation (prime_values.launch.slurm.step_command)
-            if any(p.startswith("--gpus=") for p in prefix):
-                env.pop("CUDA_VISIBLE_DEVICES")  # slurmstepd sets the step's own GPUs
+            env.pop("CUDA_VISIBLE_DEVICES")  # slurmstepd sets the allocation's GPUs; the controller keeps the role's
+            first, last = getattr(self, "step_gpus", None) or (0, 0)  # a CPU role: none (CUDA_VISIBLE_DEVICES='')
+            env["PRIME_VALUES_GPU_SLICE"] = f"{first}:{last}"  # launch.slurm.GPU_SLICE_ENV
             inner = shlex.join([*prefix, *cmd]) if isinstance(cmd, list) else \
                 shlex.join(prefix) + " bash -c " + shlex.quote(cmd)
             # the job id is the pid of this shell, which becomes srun: the controller on the node learns it here
@@ -176,4 +186,19 @@ class LocalRoleExecutor(submitit.LocalExecutor):
             process = subprocess.Popen(cmd, shell=isinstance(cmd, str), env=env, start_new_session=bool(prefix))
         job = LocalRoleJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
         job.started_at, job.oom_at_start, job.step_prefix = time.time(), oom, prefix
+        job.proc = _handle(process)
+        if job.proc is not None:  # who the job is, for tools that signal it (prime_values.chaos)
+            _write_json(self.folder / f"{job.job_id}_process.json",
+                        {"pid": job.proc.pid, "create_time": job.proc.create_time()})
         return job
+
+
+def _handle(process) -> psutil.Process | None:
+    """The psutil handle of a job's controller just started: a child of ours (not reaped yet, so the pid is
+    its own), or one the fork server forked, checked to be the server's child."""
+    if not isinstance(process, subprocess.Popen):
+        return process.proc  # a ZygoteJob: its handle, checked to be the fork server's child
+    try:
+        return psutil.Process(process.pid)
+    except psutil.Error:
+        return None

@@ -21,7 +21,7 @@ import submitit
 
 from prime_values.config.derived import derive
 from prime_values.launch.local import _tail, last_error_line, result_error, signal_name
-from prime_values.launch.topology import role_gpus, role_procs
+from prime_values.launch.topology import pipeline_roles, role_gpus, role_procs
 
 # SLURM job states in which a job will not run again; everything else (PENDING, RUNNING, COMPLETING, a
 # PREEMPTED job that may be requeued, UNKNOWN) counts as live, as in submitit.
@@ -215,16 +215,10 @@ def in_allocation() -> bool:
 
 def pipeline_processes(cfg) -> list[tuple[str, int, int]]:
     """(role job, processes, GPUs) of every role the rl stage runs at once (the warm start runs before them)."""
-    topo, with_critic = cfg.topology, derive(cfg)["uses_critic"]  # also before the run is prepared (validate)
-    roles = [(f"inference{w}", "inference", topo.inference_device) for w in range(topo.inference_workers)]
-    if with_critic and topo.evaluator == "dedicated":
-        roles += [(f"evaluator{i}" if i else "evaluator", "evaluator", topo.evaluator_device)
-                  for i in range(topo.evaluators)]
-    roles += [("orchestrator", "orchestrator", "cpu"), ("policy_trainer", "policy_trainer", topo.policy_trainer_device)]
-    if with_critic:
-        roles.append(("value_trainer", "value_trainer", topo.value_trainer_device))
-    return [(name, role_procs(topo, role), role_gpus(topo, role) if str(device).startswith("cuda") else 0)
-            for name, role, device in roles]
+    topo = cfg.topology
+    roles = pipeline_roles(topo, derive(cfg)["uses_critic"])  # also before the run is prepared (validate)
+    return [(spec.name, role_procs(topo, spec.role), role_gpus(topo, spec.role) if str(spec.device).startswith("cuda")
+             else 0) for spec in roles]
 
 
 def pipeline_request(cfg) -> dict:
@@ -291,12 +285,26 @@ def fit_problem(request: dict, partition: str | None) -> str | None:
 
 def step_command(name: str, tasks: int, gpus: int, cpus: int) -> list[str]:
     """The srun prefix that starts a role's controller as a step of this allocation. --overlap: the roles share
-    the allocation's CPUs (a role is mostly waiting); the step's processes are the controller's tasks."""
-    command = ["srun", "--overlap", "--ntasks=1", "--nodes=1", f"--cpus-per-task={max(1, cpus)}", "--mem=0",
-               f"--job-name=pv_{name}", "--kill-on-bad-exit=1", "--quiet"]
-    if gpus:
-        command.append(f"--gpus={gpus}")
-    return command
+    the allocation's CPUs (a role is mostly waiting); the step's processes are the controller's tasks. It asks for
+    no GPUs: `--overlap` shares GRES too, so two steps with `--gpus=1` would both get the allocation's first GPU
+    (measured on the local SLURM's fake GPUs). The step sees every GPU of the allocation, and its controller keeps
+    the role's own (`GPU_SLICE_ENV`, from `gpu_offsets`)."""
+    return ["srun", "--overlap", "--ntasks=1", "--nodes=1", f"--cpus-per-task={max(1, cpus)}", "--mem=0",
+            f"--job-name=pv_{name}", "--kill-on-bad-exit=1", "--quiet"]
+
+
+GPU_SLICE_ENV = "PRIME_VALUES_GPU_SLICE"  # 'a:b': the step's controller keeps CUDA_VISIBLE_DEVICES[a:b]
+
+
+def gpu_offsets(cfg) -> dict[str, int]:
+    """Where each GPU role's GPUs start among the allocation's: in the order the allocation is sized for
+    (`pipeline_processes`), each role the next ones; the warm start, which runs alone before them, from 0."""
+    offsets, first = {"warm_start": 0}, 0
+    for name, _, gpus in pipeline_processes(cfg):
+        if gpus:
+            offsets[name] = first
+            first += gpus
+    return offsets
 
 
 def queued_line(job_id: str) -> str | None:

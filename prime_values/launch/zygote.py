@@ -30,9 +30,11 @@ import time
 import traceback
 from pathlib import Path
 
+import psutil
+
 from prime_values.launch.controller import Controller, _die_with_parent
 
-PRELOAD = ("numpy", "torch", "transformers", "omegaconf", "submitit", "submitit.core.submission",
+PRELOAD = ("psutil", "numpy", "torch", "transformers", "omegaconf", "submitit", "submitit.core.submission",
            "prime_values.config", "prime_values.models.build", "prime_values.launch.controller")
 
 
@@ -121,11 +123,19 @@ def serve(path: str) -> None:
 
 
 class ZygoteJob:
-    """The conductor's handle on a controller the zygote forked: poll(), send_signal(), pid (as Popen)."""
+    """The conductor's handle on a controller the zygote forked: poll(), send_signal(), pid (as Popen), and
+    `server_lost` once the zygote died under it. Signals go through a psutil handle taken when the zygote
+    answered (checked to be the zygote's child), so a pid reused after the controller ended is never signalled."""
 
-    def __init__(self, conn: socket.socket, pid: int):
+    def __init__(self, conn: socket.socket, pid: int, zygote_pid: int | None = None):
         self.conn, self.pid, self.returncode = conn, pid, None
-        self.buffer = b""
+        self.buffer, self.server_lost = b"", False
+        try:
+            self.proc = psutil.Process(pid)
+            if zygote_pid is not None and self.proc.ppid() != zygote_pid:
+                self.proc = None  # it ended and the pid was reused before we looked
+        except psutil.Error:
+            self.proc = None
         conn.setblocking(False)
 
     def poll(self) -> int | None:
@@ -143,14 +153,16 @@ class ZygoteJob:
                 return None
             self.returncode = int(self.buffer.strip())
         else:  # the zygote is gone, and its controllers died with it
-            self.returncode = -signal.SIGKILL
+            self.returncode, self.server_lost = -signal.SIGKILL, True
         self.conn.close()
         return self.returncode
 
     def send_signal(self, signum: int) -> None:
+        if self.proc is None or self.poll() is not None:
+            return
         try:
-            os.kill(self.pid, signum)
-        except ProcessLookupError:
+            self.proc.send_signal(signum)
+        except psutil.Error:
             pass
 
     def wait(self, timeout: float | None = None) -> int:
@@ -199,7 +211,7 @@ class ZygoteClient:
         except OSError:
             conn.close()
             return None
-        return ZygoteJob(conn, int(line.strip()))
+        return ZygoteJob(conn, int(line.strip()), self.process.pid)
 
     def close(self) -> None:
         if self.process.poll() is None:

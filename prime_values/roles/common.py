@@ -1,10 +1,17 @@
-"""What every role shares: the run directory, the resolved config, metrics, heartbeat and the stop check."""
+"""What every role shares: the run directory, the resolved config, metrics, heartbeat, the stop check, and
+background threads whose failure ends the role.
+
+The heartbeat (`state/<role>/heartbeat`) is written from the role's loop (`stopping()`, at most every
+HEARTBEAT_EVERY_S): its first one says the role came up. A role that fails before it (config, imports, loading)
+failed at start-up, which the supervisor treats apart (prime_values.supervisor); one whose heartbeat stops is
+taken for hung after launcher.hang_timeout_s."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import threading
 import time
 import zlib
 
@@ -17,6 +24,10 @@ from prime_values.rundir import RunDir, write_atomic
 HEARTBEAT_EVERY_S = 2.0
 
 
+class BackgroundThreadFailed(RuntimeError):
+    """A role's background thread (`RoleContext.start_thread`) raised: the role ends with this, caused by it."""
+
+
 class RoleContext:
     def __init__(self, run_dir: str | os.PathLike, name: str, device_key: str | None = None):
         self.run = RunDir(run_dir)
@@ -26,6 +37,7 @@ class RoleContext:
         self.state = self.run.state(name)
         self.device = job_device(self.cfg.topology[device_key]) if device_key else "cpu"
         self._last_beat = 0.0
+        self._thread_errors: list[tuple[str, BaseException]] = []
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
         self.log = logging.getLogger(f"prime_values.{name}")
         import torch
@@ -38,7 +50,6 @@ class RoleContext:
             from prime_values.models.build import configure_attention
 
             self.attention = configure_attention(self.cfg.policy, self.device, self.log)
-        self.heartbeat()
         if os.environ.get("PRIME_VALUES_FAULT") == name:  # a test hook: make this role crash on start
             raise RuntimeError(f"injected fault in role {name} (PRIME_VALUES_FAULT={name})")
 
@@ -54,12 +65,36 @@ class RoleContext:
 
     def stopping(self) -> bool:
         """Polled by every loop: the conductor asks roles to stop by writing the control file. A role of a
-        local run also stops when its conductor process is gone (killed), so no role outlives its run."""
+        local run also stops when its conductor process is gone (killed), so no role outlives its run. Raises
+        BackgroundThreadFailed once a thread of `start_thread` has failed (before the heartbeat: a role whose
+        thread died does not look alive)."""
+        self.check_threads()
         self.heartbeat()
         return self.run.stop_requested() or not self.run.conductor_alive()
 
     def wait(self, seconds: float = 0.02) -> None:
+        self.check_threads()
         time.sleep(seconds)
+
+    def start_thread(self, target, *args) -> threading.Thread:
+        """Run `target(*args)` in a daemon thread of this role. An exception it raises is kept, and the role's
+        next `stopping()` or `wait()` raises BackgroundThreadFailed from it: the role ends (and is restarted)
+        with the thread's error as its cause, instead of running on without the thread."""
+        def run() -> None:
+            try:
+                target(*args)
+            except BaseException as error:  # noqa: BLE001 - handed to the role's own thread
+                self._thread_errors.append((threading.current_thread().name, error))
+
+        thread = threading.Thread(target=run, name=getattr(target, "__name__", "background"), daemon=True)
+        thread.start()
+        return thread
+
+    def check_threads(self) -> None:
+        if self._thread_errors:
+            name, error = self._thread_errors[0]
+            raise BackgroundThreadFailed(f"background thread {name!r} of role {self.name} failed: "
+                                         f"{type(error).__name__}: {error}") from error
 
     def writer(self, stream: str, shard: str):
         """The single writer of one shard of a log stream."""

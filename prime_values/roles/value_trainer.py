@@ -120,7 +120,7 @@ def critic_batches(ctx: RoleContext, trainer: Trainer, queue: IngestQueue, buffe
     started (until `stop`), and the schedule's batches."""
     reader = ctx.reader("targets", "value_trainer")
     restore_replay(ctx, buffer, version_dir(trainer.root, trainer.version), reader)
-    threading.Thread(target=ingest, args=(reader, queue, ctx, stop), daemon=True).start()
+    ctx.start_thread(ingest, reader, queue, ctx, stop)
     if ctx.cfg.resolved.lockstep:
         return lockstep_batches(ctx, queue, buffer, score, timers, lambda: trainer.version)
     return replay_batches(ctx, queue, buffer, score, timers)

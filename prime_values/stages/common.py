@@ -142,7 +142,7 @@ def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
             if cfg.launcher.name == "local":
                 time.sleep(2)
                 if not job.done():
-                    kill_tree(int(job.job_id))
+                    kill_tree(job)
         raise StageFailed(f"stage {name} interrupted by the user")
     cause = end[1]  # read from the job's exit state, never submitit's exception(): a killed job waits 15 s there
     if cause is not None:

@@ -1,9 +1,12 @@
 """Chaos run: start a real run, SIGKILL a random role at random moments, and check the run directory after.
 
     python -m prime_values.chaos --kills 20 --run-dir /tmp/chaos -- +experiment=arith steps=60
+    python -m prime_values.chaos --stop --kills 5 --hang-timeout 20 --run-dir /tmp/hang -- +experiment=arith
 
 The conductor restarts every killed role (launcher.max_restarts, raised here to the number of kills) and each
 role resumes from the run directory; when the run ends, `prime_values.check` must find no violated invariant.
+With --stop each role is frozen with SIGSTOP instead (a hang: a deadlock, a dead mount): the supervisor notices
+its silent heartbeat after launcher.hang_timeout_s (set from --hang-timeout), kills and restarts it.
 Prints one line per kill and a final report (kills per role, restarts the conductor made, wall time, check
 result); exits non-zero when the run failed or the check found a violation.
 """
@@ -20,45 +23,63 @@ import sys
 import time
 from pathlib import Path
 
-from prime_values.launch import descendants
+import psutil
+
+from prime_values.launch import folder_processes
+
 from prime_values.rundir import RunDir
 
 ROLES = ("inference0", "evaluator", "orchestrator", "policy_trainer", "value_trainer")
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
-    except OSError:
-        return []
+def role_processes(run_dir: Path, name: str) -> list[psutil.Process]:
+    """The live processes of one role job: its newest job's controller as recorded when it was started
+    (`jobs/<name>/<job id>_process.json`: pid and create time, so a reused pid is never taken for it; for an srun
+    step of a SLURM allocation, srun) with its descendants, and every process whose command line ends with the job
+    folder (a controller or task started as a fresh process, also one that slurmstepd started for a step) with
+    its descendants. Each is a psutil handle: a signal through it checks the create time first."""
+    folder = run_dir / "jobs" / name
+    roots = []
+    records = sorted(folder.glob("*_process.json"), key=lambda p: p.stat().st_mtime)
+    if records and not (folder / f"{records[-1].name.split('_')[0]}_exit.json").exists():
+        try:
+            recorded = json.loads(records[-1].read_text())
+            proc = psutil.Process(int(recorded["pid"]))
+            if abs(proc.create_time() - recorded["create_time"]) < 0.01:
+                roots.append(proc)
+        except (OSError, ValueError, KeyError, psutil.Error):
+            pass
+    roots += folder_processes(folder)
+    found = {}
+    for root in roots:
+        try:
+            for proc in [root, *root.children(recursive=True)]:
+                found[proc.pid] = proc
+        except psutil.Error:
+            continue
+    return list(found.values())
 
 
 def role_pids(run_dir: Path, name: str) -> list[int]:
-    """Processes of one role job. A job started as a fresh process has its job folder (`<run>/jobs/<name>`) on
-    its command line (the folder name ends the path, so 'inference0' never matches 'inference01'); one forked
-    from the run's fork server (launcher.fork_server) has the server's command line, which names the run
-    directory: it is found as the newest job id of the folder (a controller pid) and that pid's descendants."""
-    marker = str(run_dir / "jobs" / name)
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and any(a.rstrip("/") == marker for a in _cmdline(int(proc.name))):
-            found.append(int(proc.name))
-    pickles = sorted((run_dir / "jobs" / name).glob("*_submitted.pkl"), key=lambda p: p.stat().st_mtime)
-    if pickles and pickles[-1].name.split("_")[0].isdigit():
-        pid = int(pickles[-1].name.split("_")[0])
-        if not (run_dir / "jobs" / name / f"{pid}_exit.json").exists() and str(run_dir) in " ".join(_cmdline(pid)):
-            found += [pid, *descendants(pid)]
-    return sorted(set(found))
+    """The pids of `role_processes`."""
+    return sorted(proc.pid for proc in role_processes(run_dir, name))
+
+
+def signal_role(run_dir: Path, name: str, signum: int = signal.SIGKILL) -> bool:
+    """Send `signum` to every process of a role job (SIGKILL: a crash; SIGSTOP: a hang, which the supervisor
+    notices after launcher.hang_timeout_s); False when the role has no live process now (between restarts)."""
+    sent = False
+    for proc in role_processes(Path(run_dir), name):
+        try:
+            proc.send_signal(signum)  # psutil checks the create time first
+            sent = True
+        except psutil.Error:
+            pass
+    return sent
 
 
 def kill_role(run_dir: Path, name: str) -> bool:
-    pids = role_pids(run_dir, name)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return bool(pids)
+    return signal_role(run_dir, name, signal.SIGKILL)
 
 
 def policy_step(run_dir: Path) -> int:
@@ -94,17 +115,22 @@ def recovery_times(run_dir: Path, killed: list[dict]) -> list[float | None]:
 
 
 def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.0, max_gap_s: float = 12.0,
-          seed: int = 0, roles: tuple[str, ...] = ROLES, timeout_s: float = 3600, out=sys.stdout,
-          stop_after_steps: int | None = None) -> dict:
+          seed: int = 0, roles: tuple[str, ...] = ROLES, timeout_s: float = 3600, out=None,
+          stop_after_steps: int | None = None, freeze: bool = False, hang_timeout_s: float = 20.0) -> dict:
     """Run the experiment with `overrides` in `run_dir`, killing a role `kills` times once RL has started
-    (each role in turn, in a seeded random order, at random gaps).
+    (each role in turn, in a seeded random order, at random gaps); with `freeze`, SIGSTOP instead of SIGKILL,
+    and the run's launcher.hang_timeout_s is `hang_timeout_s`.
     With `stop_after_steps`, once every kill is done the run goes on for that many more policy steps and is then
     asked to stop (the control file): the kills cannot race the run's own end, however fast the machine (give
-    `steps` more than the kills can take). Returns the report (also written to `<run_dir>/chaos.json`)."""
-    rng = random.Random(seed)
+    `steps` more than the kills can take). Returns the report (also written to `<run_dir>/chaos.json`; the run's
+    whole output is `<run_dir>/chaos.log`)."""
+    rng, out = random.Random(seed), out or sys.stdout  # the stdout of the call (a default would keep the import's)
     run_dir = Path(run_dir).resolve()
     command = [sys.executable, "-m", "prime_values", *overrides, f"hydra.run.dir={run_dir}",
                f"launcher.max_restarts={kills + 1}", "launcher.restart_backoff_s=0.5"]
+    if freeze:
+        command.append(f"launcher.hang_timeout_s={hang_timeout_s:g}")
+    signum, verb = (signal.SIGSTOP, "froze (SIGSTOP)") if freeze else (signal.SIGKILL, "killed")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     began = time.time()
     conductor = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -119,12 +145,12 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
                 continue  # RL has not started yet: the roles are still loading
             order = [r for r in order if (run_dir / "jobs" / r).exists()]  # roles this topology has
             name = order[len(done) % len(order)]  # every role in turn, in a seeded order
-            if not kill_role(run_dir, name):
+            if not signal_role(run_dir, name, signum):
                 continue  # between restarts: try again later
             killed_at = time.time()
             done.append({"role": name, "at_s": round(killed_at - began, 1), "at": killed_at,
                          "policy_step": policy_step(run_dir)})
-            print(f"chaos: killed {name} at {done[-1]['at_s']} s (policy step {done[-1]['policy_step']})",
+            print(f"chaos: {verb} {name} at {done[-1]['at_s']} s (policy step {done[-1]['policy_step']})",
                   file=out, flush=True)
         if stop_after_steps is not None and conductor.poll() is None:
             target = policy_step(run_dir) + stop_after_steps  # every role resumed and the run still progresses
@@ -152,6 +178,7 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
         "policy_steps": policy_step(run_dir), "killed": done, "run_output_tail": output.strip().splitlines()[-15:],
     }
     (run_dir / "chaos.json").write_text(json.dumps(report, indent=1) + "\n")
+    (run_dir / "chaos.log").write_text(output)  # the run's whole output: every restart and its cause
     return report
 
 
@@ -163,10 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-gap", type=float, default=4.0, help="seconds between kills, at least")
     parser.add_argument("--max-gap", type=float, default=12.0, help="seconds between kills, at most")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stop", action="store_true", help="SIGSTOP the roles (a hang) instead of SIGKILL")
+    parser.add_argument("--hang-timeout", type=float, default=20.0,
+                        help="with --stop: the run's launcher.hang_timeout_s (seconds)")
     parser.add_argument("overrides", nargs="*", help="the experiment's overrides, e.g. +experiment=arith steps=60")
     args = parser.parse_args(argv)
     report = chaos(args.run_dir, args.overrides or ["+experiment=arith"], args.kills, args.min_gap, args.max_gap,
-                   args.seed)
+                   args.seed, freeze=args.stop, hang_timeout_s=args.hang_timeout)
     print("\n".join(report["run_output_tail"]))
     print(f"chaos: {report['kills']} kills {report['kills_per_role']}, restarts {report['restarts_per_role']}, "
           f"run exit {report['run_returncode']}, check exit {report['check_returncode']}, "
