@@ -89,7 +89,7 @@ class Role:
         self.computed, self.counted, self.gemm_rows, self.note = computed, counted, gemm_rows, note
 
     def measure(self, peak: float, reps: int) -> dict:
-        seconds = statistics.median(_times(self.run, reps))
+        seconds = min(_times(self.run, reps))  # the least disturbed call: others only add time
         n = linear_params(self.model)
         cache: dict[int, float] = {}
         gemm = sum(cache.setdefault(r, gemm_time(self.model, r, max(2, reps))) for r in self.gemm_rows)
@@ -130,13 +130,26 @@ def arith_rows(task, tokenizer, count: int, group: int, seed: int = 0) -> list[d
     return rows
 
 
-def embedded_roles(cfg, smoke: bool) -> list[Role]:
+def tokens(rows: list[dict], pack: bool, prefix: int = 0) -> tuple[int, int]:
+    """(computed, counted) positions of one forward over `rows` (`prefix` tokens before each trace), right-padded
+    or packed (critic_io.Packing)."""
+    from prime_values.critic_io import Packing
+
+    lengths = [len(r["token_ids"]) + prefix for r in rows]
+    return (Packing(lengths).computed if pack else len(rows) * max(lengths)), sum(lengths)
+
+
+def embedded_roles(cfg, smoke: bool, pack: bool) -> list[Role]:
+    """The embedded recipe's roles on one step's worth of rollouts of the task's own lengths; `pack` sets
+    policy.pack_sequences and critic.pack_sequences (SFT, the policy trainer, the critic's step and scoring)."""
     from prime_values.critic_io import CriticInputs, critic_step
     from prime_values.models import build_char_tokenizer, build_critic, build_tiny_policy
     from prime_values.models.sampling import sample
     from prime_values.roles.policy_trainer import train_step
+    from prime_values.supervised import sft_batch, sft_loss
     from prime_values.tasks import make_task
 
+    cfg.policy.pack_sequences = cfg.critic.pack_sequences = pack
     arch = dict(cfg.policy.arch)
     tokenizer = build_char_tokenizer()
     policy = build_tiny_policy(tokenizer, seed=0, **arch).train()
@@ -148,28 +161,33 @@ def embedded_roles(cfg, smoke: bool) -> list[Role]:
     pad = tokenizer.pad_token_id
     popt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     copt = torch.optim.AdamW(critic.parameters(), lr=1e-6)
-    widths = [len(r["token_ids"]) for r in rows]
-    counted = sum(widths)
-    computed = len(rows) * max(widths)
-    critic_in = CriticInputs.of(rows, tokenizer, cfg.critic)
-    critic_counted = int(critic_in.attention_mask.sum())
-    critic_computed = critic_in.attention_mask.numel()
+    prefix = len(tokenizer.encode(cfg.critic.template.format(privileged=rows[0]["privileged"]),
+                                  add_special_tokens=False))  # the privileged block (about: answers differ)
     batch = rows[: min(cfg.critic.batch_rollouts, len(rows))]
-    batch_in = CriticInputs.of(batch, tokenizer, cfg.critic)
-    roles = [
-        Role("policy_trainer step", policy, 6, lambda: train_step(policy, popt, rows, cfg, pad, "cpu"),
-             computed, counted, [computed], f"{len(rows)} rollouts"),
-        Role("value_trainer critic step", critic, 6, lambda: critic_step(critic, copt, batch, tokenizer, cfg, "cpu"),
-             batch_in.attention_mask.numel(), int(batch_in.attention_mask.sum()), [batch_in.attention_mask.numel()],
-             f"{len(batch)} rollouts, {cfg.critic.num_layers or arch['num_layers']} blocks"),
-    ]
+    sft_rows = task.sample(random.Random(1), 16 if smoke else cfg.policy.warm_start.batch_size)
+    sft = sft_batch(tokenizer, task, sft_rows)
+    sft_lengths = sft[1].sum(dim=1).tolist()
+    sft_tokens = (tokens([{"token_ids": [0] * n} for n in sft_lengths], pack))
+
+    def sft_step():
+        popt.zero_grad()
+        sft_loss(policy, *sft, pack=pack)[0].backward()
+        popt.step()
 
     def score():
         with torch.no_grad():
             CriticInputs.of(rows, tokenizer, cfg.critic).values(critic.eval(), cfg.critic.loss)
         critic.train()
-    roles.append(Role("evaluator scoring", critic, 2, score, critic_computed, critic_counted, [critic_computed],
-                      f"{len(rows)} rollouts, privileged layout"))
+    roles = [
+        Role("warm start SFT step", policy, 6, sft_step, *sft_tokens, [sft_tokens[0]], f"{len(sft_rows)} problems"),
+        Role("policy_trainer step", policy, 6, lambda: train_step(policy, popt, rows, cfg, pad, "cpu"),
+             *tokens(rows, pack), [tokens(rows, pack)[0]], f"{len(rows)} rollouts"),
+        Role("value_trainer critic step", critic, 6, lambda: critic_step(critic, copt, batch, tokenizer, cfg, "cpu"),
+             *tokens(batch, pack, prefix), [tokens(batch, pack, prefix)[0]],
+             f"{len(batch)} rollouts, {cfg.critic.num_layers or arch['num_layers']} blocks"),
+        Role("evaluator scoring", critic, 2, score, *tokens(rows, pack, prefix), [tokens(rows, pack, prefix)[0]],
+             f"{len(rows)} rollouts, privileged layout"),
+    ]
     prompts = [r["prompt"] for r in rows[:: inf.group_size]]
     out = {}
 
@@ -244,7 +262,9 @@ def compose(overrides: list[str]):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="small sizes, one repetition: the script runs")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: every core)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="torch threads of the machine's peak (default: every core)")
+    ap.add_argument("--role-threads", type=int, default=1, help="torch threads of each role (topology.threads_per_role)")
     ap.add_argument("--run", type=Path, default=None, help="a run directory: each role's compute / wait / io")
     ap.add_argument("--smollm", action="store_true", help="also one SmolLM2-135M policy step (about a minute)")
     ap.add_argument("--smollm-rollouts", type=int, default=32)
@@ -269,19 +289,34 @@ def main(argv: list[str] | None = None) -> int:
     cfg = compose(["+experiment=arith"])
     if args.smoke:
         cfg.policy.arch.update(hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128)
-    roles = embedded_roles(cfg, args.smoke)
-    if args.smollm:
-        smollm = compose(["+experiment=smollm"])
-        roles.append(smollm_role(smollm, 4 if args.smoke else args.smollm_rollouts, 23))
+    torch.set_num_threads(args.role_threads)
+    role_peak = matmul_peak(torch.float32, sizes, reps) if args.role_threads != args.threads else peak32
+    result.update(role_threads=args.role_threads, role_peak_fp32_gflops=role_peak / 1e9, roles=[])
+    print(f"roles on {args.role_threads} thread(s) (topology.threads_per_role), against that many threads' fp32 peak "
+          f"{role_peak / 1e9:.1f} GFLOP/s; s/call = the best of {reps} (the machine may be shared)")
     print(f"{'role':42s} {'s/call':>8s} {'GFLOP/s':>8s} {'of peak':>8s} | {'counted/':>9s} {'GEMM eff':>9s} "
-          f"{'GEMM/time':>9s}  (fp32 peak; tokens counted/computed)")
-    result["roles"] = []
-    for role in roles:
-        m = role.measure(peak32, 1 if role.name.startswith("SmolLM2") else reps)
-        result["roles"].append(m)
-        print(f"{m['role']:42s} {m['seconds']:8.3f} {m['achieved_gflops']:8.2f} {m['fraction_of_peak']:8.1%} | "
-              f"{m['padding_factor']:9.2f} {m['gemm_efficiency']:9.1%} {m['gemm_share_of_time']:9.1%}  "
-              f"N={m['N_linear'] / 1e6:.2f}M, {m['tokens_counted']}/{m['tokens_computed']} tokens, {m['note']}")
+          f"{'GEMM/time':>9s}  (tokens counted/computed)")
+    measured = {}
+    for pack in (False, True):
+        roles = embedded_roles(cfg, args.smoke, pack)
+        if args.smollm and pack:
+            smollm = compose(["+experiment=smollm"])
+            roles.append(smollm_role(smollm, 4 if args.smoke else args.smollm_rollouts, 23))
+        for role in roles:
+            m = role.measure(role_peak, 1 if role.name.startswith("SmolLM2") else reps)
+            m["packed"] = pack
+            measured[(role.name, pack)] = m
+            result["roles"].append(m)
+            print(f"{m['role'] + (' packed' if pack else ' padded'):42s} {m['seconds']:8.3f} "
+                  f"{m['achieved_gflops']:8.2f} {m['fraction_of_peak']:8.1%} | {m['padding_factor']:9.2f} "
+                  f"{m['gemm_efficiency']:9.1%} {m['gemm_share_of_time']:9.1%}  N={m['N_linear'] / 1e6:.2f}M, "
+                  f"{m['tokens_counted']}/{m['tokens_computed']} tokens, {m['note']}")
+    print("old (right-padded) / new (packed), same rollouts:")
+    for (name, pack), new in measured.items():
+        old = measured.get((name, False))
+        if pack and old and old["tokens_computed"] != new["tokens_computed"]:
+            print(f"  {name:40s} time {old['seconds'] / new['seconds']:5.2f}x  tokens computed / counted "
+                  f"{old['tokens_computed'] / old['tokens_counted']:.3f} -> {new['tokens_computed'] / new['tokens_counted']:.3f}")
     if args.run:
         result["run"] = run_timers(args.run)
         print(f"{'role (in ' + str(args.run) + ')':42s} {'wall s':>8s} {'compute':>8s} {'wait':>8s} {'io':>8s} "

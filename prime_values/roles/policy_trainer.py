@@ -11,8 +11,8 @@ import time
 import torch
 
 from prime_values import dist
-from prime_values.algo.losses import ppo_clip_loss, prob_diff_mask_loss, token_logprobs
-from prime_values.critic_io import attention_mask, padded
+from prime_values.algo.losses import ppo_clip_loss, prob_diff_mask_loss
+from prime_values.critic_io import padded, rollout_logprobs
 from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
@@ -36,15 +36,13 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
         stats_sum: dict[str, float] = {}
         for begin in range(0, len(rows), size):
             micro, real = dist.share(rows[begin: begin + size])
-            ids = padded(micro, "token_ids", torch.long, fill=pad_id).to(device)
-            attention = attention_mask(micro).to(device)
             mask = padded(micro, "policy_mask", torch.bool).to(device)
             sampling = padded(micro, "sampling_logprobs", torch.float32).to(device)
             advantages = padded(micro, "advantages", torch.float32).to(device)
             # policy.dtype=bf16-mixed: the forward runs under bf16 autocast (models.build.apply_precision); the
-            # logits, the logprobs and the loss are fp32 from here on
-            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
-            logprobs = token_logprobs(logits, ids, cfg.inference.temperature)
+            # logits, the logprobs and the loss are fp32 from here on; policy.pack_sequences: on packed lines
+            logprobs, _ = rollout_logprobs(model, micro, pad_id, device, cfg.inference.temperature,
+                                           pcfg.pack_sequences)
             if pcfg.trust_region == "prob_diff":
                 loss, stats = prob_diff_mask_loss(logprobs, sampling, advantages, mask, delta_low=pcfg.prob_diff_low,
                                                   delta_high=pcfg.prob_diff_high, kl_coef=pcfg.kl_coef)
