@@ -42,14 +42,11 @@ def cpu_flags() -> set[str]:
     return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":")[1].split()}
 
 
+CLOCK = {"clock": time.process_time}  # CPU seconds of this process (--clock cpu) or wall seconds (--clock wall)
+
+
 def best_time(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return min(times)
+    return min(_times(fn, reps))
 
 
 def matmul_peak(dtype: torch.dtype, sizes=(1024, 2048), reps: int = 5) -> float:
@@ -105,11 +102,11 @@ class Role:
 
 def _times(fn, reps: int) -> list[float]:
     fn()  # warm-up (allocations, the optimizer's state)
-    out = []
+    clock, out = CLOCK["clock"], []
     for _ in range(reps):
-        began = time.perf_counter()
+        began = clock()
         fn()
-        out.append(time.perf_counter() - began)
+        out.append(clock() - began)
     return out
 
 
@@ -136,7 +133,8 @@ def tokens(rows: list[dict], pack: bool, prefix: int = 0) -> tuple[int, int]:
     from prime_values.critic_io import Packing
 
     lengths = [len(r["token_ids"]) + prefix for r in rows]
-    return (Packing(lengths).computed if pack else len(rows) * max(lengths)), sum(lengths)
+    packing = Packing.gainful(lengths) if pack else None
+    return (packing.computed if packing else len(rows) * max(lengths)), sum(lengths)
 
 
 def embedded_roles(cfg, smoke: bool, pack: bool) -> list[Role]:
@@ -262,27 +260,35 @@ def compose(overrides: list[str]):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="small sizes, one repetition: the script runs")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                    help="torch threads of the machine's peak (default: every core)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the peak measurement (default 1: a core's peak; the machine's is that "
+                         "x its cores where the kernels scale)")
     ap.add_argument("--role-threads", type=int, default=1, help="torch threads of each role (topology.threads_per_role)")
     ap.add_argument("--run", type=Path, default=None, help="a run directory: each role's compute / wait / io")
     ap.add_argument("--smollm", action="store_true", help="also one SmolLM2-135M policy step (about a minute)")
     ap.add_argument("--smollm-rollouts", type=int, default=32)
     ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="cpu (default): the process's CPU seconds, what a call costs a core whatever else runs on "
+                         "the machine (with several threads, the sum over them); wall: wall seconds")
     args = ap.parse_args(argv)
+    CLOCK["clock"] = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     reps = 1 if args.smoke else 5
     flags = cpu_flags()
     bf16 = bool(flags & {"avx512_bf16", "amx_bf16"})
     sizes = (256,) if args.smoke else (1024, 2048)
     peak32 = matmul_peak(torch.float32, sizes, reps)
-    result = {"threads": args.threads, "peak_fp32_gflops": peak32 / 1e9,
+    result = {"threads": args.threads, "clock": args.clock, "peak_fp32_gflops": peak32 / 1e9,
               "cpu_bf16": sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})}
-    print(f"matmul peak fp32, {args.threads} threads: {peak32 / 1e9:.1f} GFLOP/s")
+    unit = "GFLOP per CPU second" if args.clock == "cpu" else "GFLOP/s"
+    cores = os.cpu_count() or 1
+    print(f"matmul peak fp32, {args.threads} thread(s): {peak32 / 1e9:.1f} {unit} (x {cores} cores: "
+          f"{cores * peak32 / args.threads / 1e9:.0f})")
     if bf16:
         peak16 = matmul_peak(torch.bfloat16, sizes, reps)
         result["peak_bf16_gflops"] = peak16 / 1e9
-        print(f"matmul peak bf16 ({', '.join(result['cpu_bf16'])}): {peak16 / 1e9:.1f} GFLOP/s "
+        print(f"matmul peak bf16 ({', '.join(result['cpu_bf16'])}): {peak16 / 1e9:.1f} {unit} "
               f"({peak16 / peak32:.2f}x fp32)")
     else:
         print("matmul peak bf16: the CPU has neither avx512_bf16 nor amx_bf16 (not measured)")
@@ -293,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     role_peak = matmul_peak(torch.float32, sizes, reps) if args.role_threads != args.threads else peak32
     result.update(role_threads=args.role_threads, role_peak_fp32_gflops=role_peak / 1e9, roles=[])
     print(f"roles on {args.role_threads} thread(s) (topology.threads_per_role), against that many threads' fp32 peak "
-          f"{role_peak / 1e9:.1f} GFLOP/s; s/call = the best of {reps} (the machine may be shared)")
+          f"{role_peak / 1e9:.1f} {unit}; s/call = the best of {reps} ({args.clock} seconds)")
     print(f"{'role':42s} {'s/call':>8s} {'GFLOP/s':>8s} {'of peak':>8s} | {'counted/':>9s} {'GEMM eff':>9s} "
           f"{'GEMM/time':>9s}  (tokens counted/computed)")
     measured = {}

@@ -71,6 +71,13 @@ class Packing:
         self.computed, self.counted = len(lines) * self.width, int(self.lengths.sum())
         self.lines = len(lines)
 
+    @classmethod
+    def gainful(cls, lengths: list[int]) -> "Packing | None":
+        """The packing of `lengths`, or None where it would compute no fewer positions than right padding (a few
+        rows, or rows too long to share a line)."""
+        packing = cls(lengths)
+        return packing if packing.computed < len(lengths) * packing.longest else None
+
     def pack(self, x: torch.Tensor, fill=0) -> torch.Tensor:
         x = x[:, : self.longest]
         out = torch.full((self.lines * self.width, *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
@@ -98,10 +105,10 @@ def rollout_logprobs(model, rows: list[dict], pad_id: int, device: str, temperat
     (`Packing`; each row starts with a prompt token, so no row's policy token reads another row's logits), and
     the positions computed / counted."""
     ids = padded(rows, "token_ids", torch.long, fill=pad_id).to(device)
-    if not pack:
+    packing = Packing.gainful([len(row["token_ids"]) for row in rows]) if pack else None
+    if packing is None:
         logits = model(input_ids=ids, attention_mask=attention_mask(rows).to(device), use_cache=False).logits.float()
         return token_logprobs(logits, ids, temperature), {"tokens_computed": ids.numel()}
-    packing = Packing([len(row["token_ids"]) for row in rows])
     lines = packing.pack(ids, pad_id)
     logits = model(input_ids=lines, position_ids=packing.position_ids.to(device), use_cache=False).logits.float()
     logprobs = packing.unpack(token_logprobs(logits, lines, temperature), ids.shape[1])
@@ -152,8 +159,8 @@ class CriticInputs:
         critic.loss: with 'bce' the head's logits become probabilities; `head=None` returns the raw output."""
         from prime_values.models import critic_values
 
-        if self.pack:  # the same values from the packed lines (`Packing`), fewer positions computed
-            packing = Packing(self.attention_mask.sum(dim=1).tolist())
+        packing = Packing.gainful(self.attention_mask.sum(dim=1).tolist()) if self.pack else None
+        if packing is not None:  # the same values from the packed lines (`Packing`), fewer positions computed
             self.tokens_computed = packing.computed
             critic_out = packing.forward(critic, self.input_ids, self.pad_id).squeeze(-1).float()
         else:

@@ -46,8 +46,9 @@ def sft_loss(model, ids, mask, labels, pack: bool = False) -> tuple[torch.Tensor
 
     device = next(model.parameters()).device
     ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
-    if pack:
-        logits = Packing(mask.sum(dim=1).tolist()).forward(model, ids, 0)[:, :-1].float()
+    packing = Packing.gainful(mask.sum(dim=1).tolist()) if pack else None
+    if packing is not None:
+        logits = packing.forward(model, ids, 0)[:, :-1].float()
     else:
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
     tgt = labels[:, 1:]

@@ -29,6 +29,9 @@ def test_packing_positions_and_counts():
     assert p.unpack(p.pack(x)).tolist() == x.tolist()
     q = Packing([2, 1], width=2)  # one line of 3 > width 2: two lines, the second padded with continuing positions
     assert q.position_ids.tolist() == [[0, 1], [0, 1]] and q.computed == 4
+    assert Packing.gainful([2, 1]) is None  # one 64-token line computes more than 2 x 2 padded positions
+    assert Packing.gainful([10] * 12) is None  # equal rows: 6 to a 64-token line is 10.7 positions each, not 10
+    assert Packing.gainful([10] + [2] * 11).computed == 64 < 12 * 10
 
 
 def rows_of(lengths, seed=0):
@@ -106,8 +109,9 @@ def test_sft_loss_packed_equals_padded(tiny):
     from prime_values.supervised import sft_loss
 
     tokenizer, policy, _ = tiny
-    rows = rows_of([6, 11, 4, 9], seed=3)
+    rows = rows_of([3, 4, 2, 5, 3, 4, 2, 6, 3, 4, 5, 2], seed=3)  # 43 tokens: one 64-token line against 12 x 6
     ids, mask = padded(rows, "token_ids", torch.long, fill=tokenizer.pad_token_id), attention_mask(rows)
+    assert Packing.gainful(mask.sum(dim=1).tolist()).lines == 1
     labels = torch.where(padded(rows, "policy_mask", torch.bool), ids, torch.full_like(ids, -100))
     plain, _ = sft_loss(policy, ids, mask, labels)
     packed, _ = sft_loss(policy, ids, mask, labels, pack=True)
