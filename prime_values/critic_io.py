@@ -150,9 +150,10 @@ class CriticInputs:
 
     @classmethod
     def of(cls, rows: list[dict], tokenizer, ccfg, device: str = "cpu") -> "CriticInputs":
-        """The batch as the `critic` config lays it out (template, privileged, max_length, placement, packing)."""
+        """The batch as the `critic` config lays it out (template, privileged, max_length, placement, packing: off
+        for a section without pack_sequences)."""
         return cls(rows, tokenizer, ccfg.template, ccfg.privileged, ccfg.max_length, device, ccfg.placement,
-                   ccfg.pack_sequences)
+                   getattr(ccfg, "pack_sequences", False))
 
     def values(self, critic, head: str = "mse") -> torch.Tensor:
         """[B, T] values in the policy's layout (0 where the policy did not sample the token). `head` is
