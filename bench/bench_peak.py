@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", type=Path, default=None, help="a run directory: each role's compute / wait / io")
     ap.add_argument("--smollm", action="store_true", help="also one SmolLM2-135M policy step (about a minute)")
     ap.add_argument("--smollm-rollouts", type=int, default=32)
+    ap.add_argument("--smollm-only", action="store_true", help="with --smollm: skip the embedded recipe's roles")
     ap.add_argument("--bf16", action="store_true",
                     help="also the policy steps under policy.dtype=bf16-mixed, against the bf16 peak")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here too")
@@ -314,9 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'role':42s} {'s/call':>8s} {'GFLOP/s':>8s} {'of peak':>8s} | {'counted/':>9s} {'GEMM eff':>9s} "
           f"{'GEMM/time':>9s}  (tokens counted/computed)")
     measured = {}
-    for pack in (False, True):
-        roles = embedded_roles(cfg, args.smoke, pack)
-        if pack and args.bf16 and bf16:
+    for pack in (True,) if args.smollm_only else (False, True):
+        roles = [] if args.smollm_only else embedded_roles(cfg, args.smoke, pack)
+        if pack and args.bf16 and bf16 and roles:
             from prime_values.models.build import apply_precision
             from prime_values.roles.policy_trainer import train_step
 
