@@ -99,20 +99,19 @@ class Packing:
 
 
 def rollout_logprobs(model, rows: list[dict], pad_id: int, device: str, temperature: float,
-                     pack: bool) -> tuple[torch.Tensor, dict]:
+                     pack: bool) -> torch.Tensor:
     """[B, T] log pi(token_t | x_{<t}) of every token of `rows` at `temperature` (algo.losses.token_logprobs: 0 at
     position 0 and beyond each row), the model run on the right-padded rows or, with `pack`, on their packed lines
-    (`Packing`; each row starts with a prompt token, so no row's policy token reads another row's logits), and
-    the positions computed / counted."""
+    (`Packing`; each row starts with a prompt token, so no row's policy token reads another row's logits)."""
     ids = padded(rows, "token_ids", torch.long, fill=pad_id).to(device)
     packing = Packing.gainful([len(row["token_ids"]) for row in rows]) if pack else None
     if packing is None:
         logits = model(input_ids=ids, attention_mask=attention_mask(rows).to(device), use_cache=False).logits.float()
-        return token_logprobs(logits, ids, temperature), {"tokens_computed": ids.numel()}
+        return token_logprobs(logits, ids, temperature)
     lines = packing.pack(ids, pad_id)
     logits = model(input_ids=lines, position_ids=packing.position_ids.to(device), use_cache=False).logits.float()
     logprobs = packing.unpack(token_logprobs(logits, lines, temperature), ids.shape[1])
-    return torch.nn.functional.pad(logprobs[:, 1:], (1, 0)), {"tokens_computed": packing.computed}
+    return torch.nn.functional.pad(logprobs[:, 1:], (1, 0))
 
 
 class CriticInputs:

@@ -41,8 +41,8 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
             advantages = padded(micro, "advantages", torch.float32).to(device)
             # policy.dtype=bf16-mixed: the forward runs under bf16 autocast (models.build.apply_precision); the
             # logits, the logprobs and the loss are fp32 from here on; policy.pack_sequences: on packed lines
-            logprobs, _ = rollout_logprobs(model, micro, pad_id, device, cfg.inference.temperature,
-                                           pcfg.pack_sequences)
+            logprobs = rollout_logprobs(model, micro, pad_id, device, cfg.inference.temperature,
+                                        pcfg.pack_sequences)
             if pcfg.trust_region == "prob_diff":
                 loss, stats = prob_diff_mask_loss(logprobs, sampling, advantages, mask, delta_low=pcfg.prob_diff_low,
                                                   delta_high=pcfg.prob_diff_high, kl_coef=pcfg.kl_coef)
