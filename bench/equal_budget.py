@@ -96,8 +96,13 @@ CRITIC_FREE = {"grpo", "mean", "loo", "reinforce"}  # kinds that start no critic
 ESTIMATOR_KIND = {"grpo": "grpo", "batch_mean": "mean", "batch_loo": "loo", "reinforce": "reinforce"}
 # the base's own sampling, pinned per experiment: the critic's warm start samples its rollouts as prompts x
 # inference.group_size, so a later change of the experiment's default G would make a rebuilt checkpoint another
-# one (another sha). arith's records were built at its default until stop 32, 32 x 4 (since then 64 x 2).
-BASE_PINS = {"arith": ["inference.group_size=4", "inference.prompts_per_step=32"]}
+# one (another sha). arith's records were built at its default until stop 32, 32 x 4 (since then 64 x 2), with the
+# SFT stop at 0.5 and the critic pretrained 300 steps on 2,048 rollouts (the README run's defaults since shortened)
+BASE_PINS = {"arith": ["inference.group_size=4", "inference.prompts_per_step=32",
+                       "policy.warm_start.target_accuracy=0.5", "critic.warm_start.steps=300",
+                       "critic.warm_start.rollouts=2048"]}
+# the RL runs' own settings the records were measured with, where a default has changed since
+RUN_PINS = {"arith": ["replay.ratio=0", "critic.warm_start.steps=300", "critic.warm_start.rollouts=2048"]}
 PAUSE_S = 15  # seconds between two runs with the heavy lock released
 DEFAULT_CELLS = "grpo:8,gae:8,gae:4,gae:2,gae:1,grpo:4,grpo:2,tether:1,plain:1"  # tether, plain: gae's best G
 # the tests' SMALL overrides (tests/e2e_helpers.py): a smaller model, one-digit sums, a short warm start
@@ -330,6 +335,7 @@ def run_grid(args, cells, common: list[str]) -> int:
                 seed_run(base, run, ("policy",) if kind == "plain" else ("policy", "critic"))
                 try:
                     rc = child(["-m", *common, *cell_overrides(kind, g, args.rollouts, extra), f"seed={s}",
+                                *RUN_PINS.get(args.experiment, []),
                                 f"steps={args.steps}", f"eval_every={args.eval_every}", f"hydra.sweep.dir={sweep}",
                                 f"hydra.sweep.subdir=seed{s}"],
                                out / "logs" / f"ckpt{c}_{name}_seed{s}.txt", args.timeout, args.lock, args.stop_after)

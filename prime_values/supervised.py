@@ -39,10 +39,18 @@ def sft_batch(tokenizer, task, problems) -> tuple[torch.Tensor, torch.Tensor, to
     return ids, mask, labels
 
 
-def sft_loss(model, ids, mask, labels) -> tuple[torch.Tensor, dict]:
+def sft_loss(model, ids, mask, labels, pack: bool = False) -> tuple[torch.Tensor, dict]:
+    """Cross-entropy on the labelled tokens; `pack`: the model runs on the rows' packed lines (critic_io.Packing),
+    the same logits, fewer positions computed."""
+    from prime_values.critic_io import Packing
+
     device = next(model.parameters()).device
     ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
-    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
+    packing = Packing.gainful(mask.sum(dim=1).tolist()) if pack else None
+    if packing is not None:
+        logits = packing.forward(model, ids, 0)[:, :-1].float()
+    else:
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
     tgt = labels[:, 1:]
     valid = tgt != -100
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
@@ -71,7 +79,7 @@ def supervised_train(model, batches: Callable[[int], tuple], steps: int, lr: flo
                      weight_decay: float = 0.0, grad_clip: float = 1.0,
                      accuracy: Callable[[], float] | None = None, target_accuracy: float | None = None,
                      check_every: int = 25, log_every: int = 10,
-                     on_step: Callable[[int, dict, bool], None] | None = None) -> dict:
+                     on_step: Callable[[int, dict, bool], None] | None = None, pack: bool = False) -> dict:
     """The one supervised loop (the warm start's SFT and the `sft` stage): ``batches(step)`` gives each step's
     right-padded ``(input_ids, attention_mask, labels)`` (``sft_batch``'s layout); cross-entropy on the labelled
     tokens (``sft_loss``), AdamW (betas 0.9/0.99), linear warm-up over ``warmup_steps`` then constant ``lr``,
@@ -82,6 +90,7 @@ def supervised_train(model, batches: Callable[[int], tuple], steps: int, lr: flo
     that reaches the target; ``steps`` is then a cap. Tiny models learn arithmetic through a sharp, seed-dependent
     phase transition, so a fixed step count lands anywhere between 5% and 80%; the target makes SFT land in a band.
 
+    ``pack``: each batch's rows run packed (``sft_loss``; policy.pack_sequences in the warm start).
     ``on_step(step, metrics, log)`` after every step; ``log`` is true every ``log_every`` steps, at a check, at the
     last step and at the stop. Returns the last step's metrics: ``loss``, ``token_acc``, ``seq_acc_tf``
     (teacher-forced exact-sequence accuracy), ``grad_norm``, ``step``, ``lr`` (the next step's, as LambdaLR
@@ -95,7 +104,7 @@ def supervised_train(model, batches: Callable[[int], tuple], steps: int, lr: flo
     metrics: dict = {"step": 0, "elapsed_s": 0.0}
 
     def backward(step: int) -> dict:
-        loss, m = sft_loss(model, *batches(step))
+        loss, m = sft_loss(model, *batches(step), pack=pack)
         loss.backward()
         return m
     for step in range(1, steps + 1):

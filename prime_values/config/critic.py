@@ -88,6 +88,10 @@ class CriticConfig:
     raw weights; a restart resumes training from the published average"""
     max_length: int = ranged(256, ">= 1")
     """critic context in tokens; longer traces are cut and marked `cut`"""
+    pack_sequences: bool = True
+    """value trainer, evaluator and critic pretraining: lay the batch's traces end to end in lines of at least 64
+    tokens (first-fit decreasing, critic_io.Packing) instead of one right-padded row each; the same values, fewer
+    positions computed (docs/benchmarks.md, "Against the machine's peak")"""
     score_batch_rollouts: int = ranged(256, ">= 1")
     """rollouts per scoring forward pass in the evaluator"""
     throttle_s: float = ranged(0.0, ">= 0")

@@ -171,6 +171,10 @@ class PolicyConfig:
     """weight of the k3 KL estimate to the sampling policy (0 = off)"""
     micro_batch_rollouts: int = ranged(0, ">= 0")
     """rollouts per forward/backward micro-batch (0 = the whole batch at once)"""
+    pack_sequences: bool = True
+    """policy trainer and the warm start's SFT: lay each micro-batch's rollouts end to end in lines of at least 64
+    tokens (first-fit decreasing, critic_io.Packing) instead of one right-padded row each; the same logprobs,
+    fewer positions computed (docs/benchmarks.md, "Against the machine's peak")"""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """supervised warm start before RL"""
     lora: LoraSettings = field(default_factory=LoraSettings)

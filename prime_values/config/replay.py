@@ -27,6 +27,12 @@ class ReplayConfig:
     """a rollout more than this many policy versions behind the newest seen leaves the buffer (0 = unlimited)"""
     min_rollouts: int = ranged(128, ">= 1")
     """rollouts in the buffer before the first critic step"""
+    ratio: float = ranged(1.0, ">= 0")
+    """replay ratio: critic rollouts trained per new rollout ingested (schedule.mode=async). A critic step of
+    critic.batch_rollouts runs only while the rollouts trained so far, with it, stay within ratio x the rollouts
+    ingested since the value trainer started, so the critic takes ratio x inference.prompts_per_step x
+    group_size / batch_rollouts steps per policy step and waits otherwise (the cores go to the roles on the
+    policy's path). 0 = unbounded: a step whenever the buffer holds replay.min_rollouts"""
 
     @staticmethod
     def check(cfg, environment: bool) -> None:

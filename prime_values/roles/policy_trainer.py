@@ -11,9 +11,8 @@ import time
 import torch
 
 from prime_values import dist
-from prime_values.algo.losses import (direction_gap, logprob_shift_sums, ppo_clip_loss, prob_diff_mask_loss,
-                                     token_logprobs)
-from prime_values.critic_io import attention_mask, padded
+from prime_values.algo.losses import direction_gap, logprob_shift_sums, ppo_clip_loss, prob_diff_mask_loss
+from prime_values.critic_io import padded, rollout_logprobs
 from prime_values.log import LogReader, to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
@@ -33,22 +32,20 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
     size = pcfg.micro_batch_rollouts or len(rows)
     total_tokens = sum(sum(r["policy_mask"]) for r in rows)
     world = dist.current().world
-    seen = []  # per micro-batch: (ids, attention, mask, advantages, logprobs before the step)
+    seen = []  # per micro-batch: (its rows, mask, advantages, logprobs before the step)
 
     def accumulate() -> dict:
         stats_sum: dict[str, float] = {}
         for begin in range(0, len(rows), size):
             micro, real = dist.share(rows[begin: begin + size])
-            ids = padded(micro, "token_ids", torch.long, fill=pad_id).to(device)
-            attention = attention_mask(micro).to(device)
             mask = padded(micro, "policy_mask", torch.bool).to(device)
             sampling = padded(micro, "sampling_logprobs", torch.float32).to(device)
             advantages = padded(micro, "advantages", torch.float32).to(device)
             # policy.dtype=bf16-mixed: the forward runs under bf16 autocast (models.build.apply_precision); the
-            # logits, the logprobs and the loss are fp32 from here on
-            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float()
-            logprobs = token_logprobs(logits, ids, cfg.inference.temperature)
-            seen.append((ids, attention, mask & real, advantages, logprobs.detach()))
+            # logits, the logprobs and the loss are fp32 from here on; policy.pack_sequences: on packed lines
+            logprobs = rollout_logprobs(model, micro, pad_id, device, cfg.inference.temperature,
+                                        pcfg.pack_sequences)
+            seen.append((micro, mask & real, advantages, logprobs.detach()))
             if pcfg.trust_region == "prob_diff":
                 loss, stats = prob_diff_mask_loss(logprobs, sampling, advantages, mask, delta_low=pcfg.prob_diff_low,
                                                   delta_high=pcfg.prob_diff_high, kl_coef=pcfg.kl_coef)
@@ -61,18 +58,18 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
                 stats_sum[key] = stats_sum.get(key, 0.0) + value * weight
         return dist.all_reduce_sum(stats_sum)
     stats = optimizer_step(model, optimizer, accumulate, pcfg.max_grad_norm)
-    return {**stats, **direction_after_step(model, seen, cfg.inference.temperature)}
+    return {**stats, **direction_after_step(model, seen, pad_id, device, cfg.inference.temperature,
+                                            pcfg.pack_sequences)}
 
 
 @torch.no_grad()
-def direction_after_step(model, seen: list, temperature: float) -> dict:
+def direction_after_step(model, seen: list, pad_id: int, device: str, temperature: float, pack: bool) -> dict:
     """`direction_gap` (algo.losses; docs/value_functions.md, "Direction of a step"): one no-grad forward of the
     step's own micro-batches with the updated weights, each token's logprob compared with the one the step's
     forward computed before the update. Every rank runs it on its share (FSDP needs every rank in a forward)."""
     sums: dict[str, float] = {}
-    for ids, attention, mask, advantages, before in seen:
-        after = token_logprobs(model(input_ids=ids, attention_mask=attention, use_cache=False).logits.float(), ids,
-                               temperature)
+    for micro, mask, advantages, before in seen:  # the same forward as the step's (packed or padded)
+        after = rollout_logprobs(model, micro, pad_id, device, temperature, pack)
         for key, value in logprob_shift_sums(before, after, advantages, mask).items():
             sums[key] = sums.get(key, 0.0) + value
     from torch.distributed.fsdp import FSDPModule

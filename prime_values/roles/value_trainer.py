@@ -73,22 +73,44 @@ def lockstep_plan(rows: list[dict], batch_rollouts: int, steps: int, seed: int) 
     return plan
 
 
-def replay_batches(ctx: RoleContext, queue: IngestQueue, buffer: ReplayBuffer, score, timers: Timers):
-    """schedule.mode=async: a replay sample per critic step once the buffer holds replay.min_rollouts, a version
-    published every critic.publish_every steps. `score()` serves the colocated evaluator first (True when it
-    scored: it is on the policy's path, training is not)."""
-    cfg, steps = ctx.cfg, 0
+class ReplayRatio:
+    """replay.ratio: the critic trains at most `ratio` rollouts per new rollout ingested. A step of `batch`
+    rollouts is allowed while trained + batch <= ratio x ingested (ratio 0: always). Hand-worked, ratio 1, batch
+    64: after 128 ingested, steps 1 and 2 run (64, 128 trained) and step 3 waits (192 > 128) until 64 more
+    arrive; ratio 0.5 with 128 per policy step is one step of 64 per policy step."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio, self.ingested, self.trained = ratio, 0, 0
+
+    def allows(self, batch: int) -> bool:
+        return self.ratio <= 0 or self.trained + batch <= self.ratio * self.ingested
+
+    def stats(self) -> dict:
+        return {"rollouts_ingested": self.ingested, "rollouts_trained": self.trained}
+
+
+def replay_batches(ctx: RoleContext, queue: IngestQueue, buffer: ReplayBuffer, score, timers: Timers,
+                   budget: ReplayRatio | None = None):
+    """schedule.mode=async: a replay sample per critic step once the buffer holds replay.min_rollouts and the
+    replay ratio allows it (`ReplayRatio`, counted from this process's start: a restarted trainer waits for new
+    rollouts; None: unbounded), a version published every critic.publish_every steps. `score()` serves the
+    colocated evaluator first (True when it scored: it is on the policy's path, training is not)."""
+    cfg, steps, budget = ctx.cfg, 0, budget or ReplayRatio(0)
     while not ctx.stopping():
         if score():
             continue  # scoring has priority: drain the rollouts waiting for values first
         for row in queue.drain():
             buffer.add(row)
-        if len(buffer) < cfg.replay.min_rollouts:
+            budget.ingested += 1
+        size = min(cfg.critic.batch_rollouts, len(buffer))
+        if len(buffer) < cfg.replay.min_rollouts or not budget.allows(size):
             with timers.time("wait"):
                 ctx.wait()
             continue
         steps += 1
-        yield buffer.sample(cfg.critic.batch_rollouts), steps % cfg.critic.publish_every == 0
+        batch = buffer.sample(cfg.critic.batch_rollouts)
+        budget.trained += len(batch)
+        yield batch, steps % cfg.critic.publish_every == 0
 
 
 def lockstep_batches(ctx: RoleContext, queue: IngestQueue, buffer: ReplayBuffer, score, timers: Timers, version):
@@ -115,7 +137,7 @@ def lockstep_batches(ctx: RoleContext, queue: IngestQueue, buffer: ReplayBuffer,
 
 
 def critic_batches(ctx: RoleContext, trainer: Trainer, queue: IngestQueue, buffer: ReplayBuffer, score,
-                   timers: Timers, stop: threading.Event):
+                   timers: Timers, stop: threading.Event, budget: ReplayRatio):
     """Rank 0's batch source: the replay buffer rebuilt as it was at the version resumed from, the ingest thread
     started (until `stop`), and the schedule's batches."""
     reader = ctx.reader("targets", "value_trainer")
@@ -123,7 +145,7 @@ def critic_batches(ctx: RoleContext, trainer: Trainer, queue: IngestQueue, buffe
     ctx.start_thread(ingest, reader, queue, ctx, stop)
     if ctx.cfg.resolved.lockstep:
         return lockstep_batches(ctx, queue, buffer, score, timers, lambda: trainer.version)
-    return replay_batches(ctx, queue, buffer, score, timers)
+    return replay_batches(ctx, queue, buffer, score, timers, budget)
 
 
 def replay_files(buffer: ReplayBuffer):
@@ -150,9 +172,9 @@ def main(run_dir: str) -> None:
 
     def score() -> bool:  # topology.evaluator=colocated: this process serves the evaluator (one process)
         return scorer is not None and scorer.score_pending(trainer.model, trainer.version, weights=average.swapped)
-    stop = threading.Event()
+    stop, budget = threading.Event(), ReplayRatio(rcfg.ratio)
     # rank 0 alone ingests, samples replay, publishes and logs; the other ranks train on what it broadcasts
-    source = critic_batches(ctx, trainer, queue, buffer, score, timers, stop) if trainer.main else None
+    source = critic_batches(ctx, trainer, queue, buffer, score, timers, stop, budget) if trainer.main else None
     try:
         for steps, (batch, publish_now) in enumerate(trainer.batches(source), 1):
             began = time.time()
@@ -169,7 +191,8 @@ def main(run_dir: str) -> None:
                 with timers.time("compute"):
                     time.sleep(cfg.critic.throttle_s + cfg.critic.throttle_factor * step_s)
             ctx.metrics.log(critic_step=steps, critic_version=trainer.version, **stats, step_s=step_s,
-                            ingest_dropped=queue.dropped, **{f"replay_{k}": v for k, v in buffer.stats().items()},
+                            ingest_dropped=queue.dropped, **budget.stats(),
+                            **{f"replay_{k}": v for k, v in buffer.stats().items()},
                             **timers.snapshot())
     finally:
         stop.set()

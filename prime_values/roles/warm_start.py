@@ -73,7 +73,8 @@ def supervised(ctx: RoleContext, model, tokenizer, task) -> float | None:
         accuracy = validation_accuracy(model, tokenizer, task, ctx.seed(), 200) if target is not None else None
         supervised_train(model, lambda step: sft_batch(tokenizer, task, task.sample(rng, ws.batch_size)), ws.steps,
                          lr=ws.lr, warmup_steps=ws.warmup_steps, accuracy=accuracy, target_accuracy=target,
-                         check_every=ws.check_every, log_every=math.gcd(10, ws.check_every), on_step=on_step)
+                         check_every=ws.check_every, log_every=math.gcd(10, ws.check_every), on_step=on_step,
+                         pack=ctx.cfg.policy.pack_sequences)
     model.eval()
     if ws.steps == 0 or not ws.heldout_after:
         return None
