@@ -96,8 +96,8 @@ CRITIC_FREE = {"grpo", "mean", "loo", "reinforce"}  # kinds that start no critic
 ESTIMATOR_KIND = {"grpo": "grpo", "batch_mean": "mean", "batch_loo": "loo", "reinforce": "reinforce"}
 # the base's own sampling, pinned per experiment: the critic's warm start samples its rollouts as prompts x
 # inference.group_size, so a later change of the experiment's default G would make a rebuilt checkpoint another
-# one (another sha). arith's records were built at its default until stop 32, 32 x 4 (since then 64 x 2), with the
-# SFT stop at 0.5 and the critic pretrained 300 steps on 2,048 rollouts (the README run's defaults since shortened)
+# one (another sha). arith's records were built at its default of that time, 32 x 4 (64 x 2 since 2026-12-03), with
+# the SFT stop at 0.5 and the critic pretrained 300 steps on 2,048 rollouts (the README run's defaults since shortened)
 BASE_PINS = {"arith": ["inference.group_size=4", "inference.prompts_per_step=32",
                        "policy.warm_start.target_accuracy=0.5", "critic.warm_start.steps=300",
                        "critic.warm_start.rollouts=2048"]}
