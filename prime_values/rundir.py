@@ -7,7 +7,21 @@ import os
 import time
 from pathlib import Path
 
+import psutil
+
 from prime_values.log import fsutil
+
+
+def process_alive(pid: int, create_time: float | None = None) -> bool:
+    """Whether process `pid` runs, and, given the `create_time` it was recorded with (psutil's), is still the same
+    process: a pid that was reaped and reused by another process counts as gone."""
+    try:
+        process = psutil.Process(pid)
+        return create_time is None or abs(process.create_time() - create_time) < 0.01
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # it exists, owned by someone else
+        return create_time is None
 
 class RunDir:
     def __init__(self, root: str | os.PathLike):
@@ -84,10 +98,11 @@ class RunDir:
         return self.root / "control" / "conductor.json"
 
     def register_conductor(self, watch: bool) -> None:
-        """Record the conductor's pid; with `watch`, roles stop if that process disappears."""
+        """Record the conductor's pid and start time; with `watch`, roles stop if that process disappears (a reused
+        pid does not keep them alive: the start time must match)."""
         self.conductor_file.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.conductor_file, json.dumps({"pid": os.getpid(), "host": os.uname().nodename,
-                                                      "watch": watch}))
+                                                      "created": psutil.Process().create_time(), "watch": watch}))
 
     def conductor_alive(self) -> bool:
         now = time.time()
@@ -99,12 +114,7 @@ class RunDir:
         except (OSError, ValueError):
             return True  # no conductor recorded (a role started by hand or by a test)
         if info.get("watch") and info.get("host") == os.uname().nodename:
-            try:
-                os.kill(info["pid"], 0)
-            except ProcessLookupError:
-                self._conductor_ok = False
-            except PermissionError:
-                pass
+            self._conductor_ok = process_alive(info["pid"], info.get("created"))  # older files: the pid alone
         return self._conductor_ok
 
     def mkdirs(self) -> None:

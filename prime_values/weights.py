@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
 from prime_values.log.fsutil import fsync_dir, fsync_tree, io_error, write_atomic
+from prime_values.rundir import process_alive
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,16 +64,6 @@ def versions(root: Path) -> list[int]:
     return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def publish(root: Path, version: int, save: Callable[[Path], None]) -> Path:
     """Write version `version` with `save(dir)` and point LATEST at it; returns the version dir.
 
@@ -87,7 +78,7 @@ def publish(root: Path, version: int, save: Callable[[Path], None]) -> Path:
                          f"and versions must increase")
     for stale in [*root.glob(".tmp-*-*"), *root.glob(".del-*-*")]:  # left by a crashed publish / prune
         pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):  # a reused pid only keeps a dead writer's dir
             shutil.rmtree(stale, ignore_errors=True)
     final, tmp = version_dir(root, version), root / f".tmp-{version}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -11,14 +11,13 @@ through squeue/sacct (`prime_values.launch.slurm.job_states`; while it is pendin
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from prime_values.tools.live import Progress
-from prime_values.rundir import RunDir
+from prime_values.rundir import RunDir, process_alive
 
 
 def role_jobs(run: RunDir) -> dict[str, str]:
@@ -34,15 +33,13 @@ def role_jobs(run: RunDir) -> dict[str, str]:
 def local_state(run: RunDir, name: str, job_id: str, ended: bool) -> str:
     if run.done_file(name).exists():
         return "COMPLETED"
-    if ended:  # the run is over: a pid seen now may belong to another process
+    if ended or not job_id.isdigit():  # the run is over: a pid seen now may belong to another process
         return "ENDED"
-    try:
-        os.kill(int(job_id), 0)
-        return "RUNNING"
-    except (ProcessLookupError, ValueError):
-        return "ENDED"
-    except PermissionError:
-        return "RUNNING"
+    try:  # the job's pid and start time as the launcher recorded them: a reused pid is not the job
+        created = json.loads((run.jobs / name / f"{job_id}_process.json").read_text())["create_time"]
+    except (OSError, ValueError, KeyError):
+        created = None  # a job launched before the start time was recorded: the pid alone
+    return "RUNNING" if process_alive(int(job_id), created) else "ENDED"
 
 
 def job_lines(run: RunDir, cfg, ended: bool) -> list[str]:
