@@ -1,4 +1,4 @@
-"""Orchestrator-side GAE benchmark: vectorised ``algo.gae`` against the textbook per-timestep loop (issue 3).
+"""Orchestrator-side GAE benchmark: vectorised ``algo.gae`` against the textbook per-timestep loop.
 
 Both sides compute the same thing on the same batch, in one run, on one CPU thread:
   fast  ``prime_values.algo.gae.gae`` on [B, T] tensors (float32, as the orchestrator holds them)
@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prime_values.algo.gae import adaptive_lambda, gae  # noqa: E402
 
-GOAL = 10.0  # issue 3: the vectorised GAE is >= 10x faster than the per-timestep loop
+GOAL = 10.0  # the goal: the vectorised GAE is >= 10x faster than the per-timestep loop
 
 
 def make_batch(batch: int, length: int, seed: int = 0) -> dict:

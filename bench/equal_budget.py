@@ -1,5 +1,5 @@
 """What the critic buys at equal budget: held-out accuracy per generated token, critic vs group baseline, with a
-fixed number of rollouts per policy step split as prompts x samples (issue 22; docs/value_functions.md, "Equal
+fixed number of rollouts per policy step split as prompts x samples (docs/value_functions.md, "Equal
 budget").
 
     python bench/equal_budget.py --out sweeps/budget                       # the default grid, resumable
