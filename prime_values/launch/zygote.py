@@ -2,8 +2,8 @@
 
 Started once per local run by the conductor. It imports what every role needs (torch, transformers, the model
 code, submitit) and then forks a job controller (prime_values.launch.controller) for each job it is asked for,
-whose tasks are forked from it in turn. A role started this way skips the 5-15 s of imports a fresh Python
-process pays on a loaded 2-core machine: a replacement for a killed role starts working in about a second.
+whose tasks are forked from it in turn. A role started this way skips the imports a fresh Python process pays,
+so a replacement for a killed role starts working almost at once (figures in docs/reliability.md).
 
 Protocol (one Unix-socket connection per job): the conductor sends one JSON line {"folder", "env"}; the zygote
 answers with the controller's pid on one line, and, when that controller has ended, one more line with its exit
