@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, as one call on a lent GPU machine (never part of CI; docs/benchmarks.md, "The GPU check"):
 #   here, once:   bash bench/gpu_site.sh                 # .gpu_site: the pure-Python packages that machine lacks
-#   there:        bash bench/gpu_check.sh                # run tool: carry [".gpu_site"], timeout_s 420
+#   there:        bash bench/gpu_check.sh                # with .gpu_site copied beside the checkout; ~7 min
 # 1. versions and the gpu-marked tests (tests/test_gpu.py, ~30 s; the 20-step pipeline test is left to step 2)
 # 2. bench/gpu_check.py: one table -- per role tokens/s or states/s, step times and peak GPU memory for
 #    SmolLM2-135M and Qwen3-0.6B shapes (random weights from their configs), fp32 vs bf16-mixed, with and without
@@ -10,7 +10,7 @@
 #    that would not fit is skipped and named), ~6 min for the whole script.
 # Other GPU parts, each its own call: bench/gpu_suite.sh (the whole benchmark suite on the GPU, ~5-9 min) and
 # recipes/math_gpu_check.sh (a few RL steps of the math recipe at Qwen3-0.6B's shape, ~7 min).
-# Results under $OUT (the run tool brings them back): versions.txt, gpu_tests.log, gpu_check.{md,json}, check.log.
+# Results under $OUT (to copy back): versions.txt, gpu_tests.log, gpu_check.{md,json}, check.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/.gpu_site:$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
