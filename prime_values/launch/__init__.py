@@ -103,7 +103,7 @@ def solo_threads() -> int:
     """torch CPU threads of a job that runs alone on its machine (the warm start, an sft/eval stage): every core,
     unless OMP_NUM_THREADS says otherwise. The test suite sets it to 1: its tiny models gain nothing from a second
     thread, and where other processes load the cores (CI runs two suites side by side) a 2-thread OpenMP team
-    waits at every barrier for a descheduled thread (measured in docs/development.md)."""
+    waits at every barrier for a descheduled thread (measured in docs/changelog.md, CI)."""
     return int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1
 
 
