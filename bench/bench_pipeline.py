@@ -14,7 +14,7 @@ prompt stream):
 Repetitions alternate the order of the cases (forward, then backward), so a machine that slows down over time
 slows every case alike. Measures, per run: policy steps per minute after the first fifth of the steps (start-up
 excluded), the orchestrator's critic version lag, held-out accuracy over time, and each role's compute / wait /
-io fractions (prime_values.tools.report.time_fractions).
+io fractions (prime_values.tools.summary.time_fractions).
 
     python bench/bench_pipeline.py [--smoke] [--steps 40] [--reps 2]
 """
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from prime_values.monitor import read_metrics  # noqa: E402
-from prime_values.tools.report import time_fractions  # noqa: E402
+from prime_values.tools.summary import time_fractions  # noqa: E402
 
 BASE = ["+experiment=arith", "launcher.poll_s=0.2", "launcher.stop_grace_s=20"]
 # the tests' SMALL overrides (tests/e2e_helpers.py): one-digit sums, a smaller model and a short warm start

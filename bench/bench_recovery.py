@@ -1,14 +1,14 @@
 """Recovery benchmark: how fast a killed role is back, and what 20 kills cost a run.
 
 Two runs of the same experiment and steps, both from the same version 0 of policy and critic (built once, so no
-warm start is timed): a clean run, and a chaos run (`prime_values.chaos`) that SIGKILLs a role every few seconds
+warm start is timed): a clean run, and a chaos run (`prime_values.tools.chaos`) that SIGKILLs a role every few seconds
 once RL has started, every role in turn. Measures:
 
 - per kill, the seconds from the SIGKILL to the killed role's first output after it (its first rollout segment,
   scored values, batch, policy step or critic step: the first line its metrics file gets for one), as medians per
   role and over all kills; goal <= 10 s;
 - the chaos run's wall time over the clean run's (conductor start to exit); goal <= 1.5;
-- `prime_values.check` of the chaos run: nothing lost, duplicated or changed (exit 0).
+- `prime_values.tools.check` of the chaos run: nothing lost, duplicated or changed (exit 0).
 
     python bench/bench_recovery.py [--kills 20] [--steps 150] [--min-gap 3] [--max-gap 8] [--out results.json]
         [-- extra overrides]
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if "wall_ratio" in result:
         print(f"wall time: chaos {result['chaos_wall_s']} s / clean {result['clean_wall_s']} s = "
               f"{result['wall_ratio']}x (goal <= 1.5x)")
-    print(f"run exit {report['run_returncode']}, prime_values.check exit {report['check_returncode']}: "
+    print(f"run exit {report['run_returncode']}, prime_values.tools.check exit {report['check_returncode']}: "
           + " | ".join(report["check_output"][-2:]))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -16,7 +16,7 @@ them and does nothing. A plain-critic cell copies only the policy: its warm-star
     python -m prime_values -m +experiment=arith <cell overrides> seed=S steps=... \
         hydra.sweep.dir=<out>/ckpt<C>/<cell> hydra.sweep.subdir=seed<S>
 
-(a multirun of one point, so the sweep summary of `python -m prime_values.report` is refreshed as points end),
+(a multirun of one point, so the sweep summary of `python -m prime_values.tools.report` is refreshed as points end),
 started under the heavy lock (`--lock`, fcntl; released for 15 s between runs so that other work waiting for
 it interleaves). Rerunning the same command
 skips every run whose `report/summary.json` says finished after `--steps` policy steps and restarts every other

@@ -9,7 +9,7 @@
 #    lockstep wall per step of the embedded experiment with every role on the one GPU. <= BUDGET_S (320 s; a part
 #    that would not fit is skipped and named), ~6 min for the whole script.
 # Other GPU parts, each its own call: bench/gpu_suite.sh (the whole benchmark suite on the GPU, ~5-9 min) and
-# recipes/math_gpu_check.sh (a few RL steps of the math recipe at Qwen3-0.6B's shape, ~7 min).
+# bench/math_gpu_check.sh (a few RL steps of the math recipe at Qwen3-0.6B's shape, ~7 min).
 # Results under $OUT (to copy back): versions.txt, gpu_tests.log, gpu_check.{md,json}, check.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build .gpu_site HERE (a machine with network), for a lent GPU machine that has none: the pure-Python packages it
 # lacks (Hydra, OmegaConf and its ANTLR runtime, submitit and cloudpickle; math-verify and its LaTeX parser for
-# recipes/math_gpu_check.sh), installed with pip into one folder that the device call carries (put on PYTHONPATH by
+# bench/math_gpu_check.sh), installed with pip into one folder that the device call carries (put on PYTHONPATH by
 # bench/gpu_check.sh). Pinned to what the project is tested with; no compiled file is allowed in (the GPU machine
 # runs Python 3.12 with torch 2.11 + CUDA 13, this one 3.11: only pure Python travels), and the folder must stay
 # well inside the 64 MiB a device call carries.

@@ -55,7 +55,7 @@ def table(rows: list[dict]) -> list[str]:
 
 def time_lines(pipeline: dict) -> list[str]:
     """Per pipeline case (its last repetition): each role's fraction of wall time in compute / wait / io."""
-    from prime_values.tools.report import format_time_fractions
+    from prime_values.tools.summary import format_time_fractions
 
     lines = []
     for case, runs in pipeline["runs"].items():

@@ -102,8 +102,8 @@ def detach(run: RunDir, cfg) -> dict:
     with _detached_stdio():
         job = executor.submit(drive, str(run.root))
     print(f"prime_values: detached; conductor job {job.job_id} runs the roles of {run.root}\n"
-          f"  follow it:  python -m prime_values.status {run.root}\n"
-          f"  stop it:    python -m prime_values.status {run.root} --stop", flush=True)
+          f"  follow it:  python -m prime_values.tools.status {run.root}\n"
+          f"  stop it:    python -m prime_values.tools.status {run.root} --stop", flush=True)
     return {"status": "detached", "run_dir": str(run.root), "conductor_job": str(job.job_id)}
 
 
@@ -174,7 +174,7 @@ def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict
         print(f"report               {where}{' (plots next to it)' if cfg.log.plots else ''}", flush=True)
     except Exception as error:  # a plotting problem must not turn a finished run into a failed one
         print(f"prime_values: could not write the plots ({type(error).__name__}: {error}); "
-              f"retry with python -m prime_values.report {run.root}", file=sys.stderr, flush=True)
+              f"retry with python -m prime_values.tools.report {run.root}", file=sys.stderr, flush=True)
     try:
         after_point(run.root)  # inside a multirun: refresh the sweep's one-row-per-point summary
     except Exception as error:
@@ -228,7 +228,7 @@ def stop_fork_server(server) -> None:
 
 def _poll(run: RunDir, progress: Progress, cfg) -> None:
     """One tick of the conductor's loop: refresh the view, notice a stop asked for from outside
-    (`python -m prime_values.status <run> --stop`), wait."""
+    (`python -m prime_values.tools.status <run> --stop`), wait."""
     progress.show()
     if run.stop_requested():
         raise StopRequested(f"stop requested through {run.stop_file}")

@@ -62,7 +62,7 @@ class Timers:
     """Where a role's wall time goes, cumulative since the role started: `compute` (its own work), `wait`
     (waiting for input: a batch, rollouts, values, a policy or critic version) and `io` (log and weights reads
     and writes). `timers.time("io")` is a context manager; `snapshot()` gives the metric fields every role logs
-    (`compute_s`, `wait_s`, `io_s`, `role_wall_s`), from which `report.time_fractions` computes fractions, and
+    (`compute_s`, `wait_s`, `io_s`, `role_wall_s`), from which `tools.summary.time_fractions` computes fractions, and
     `cpu_s`, the process's CPU seconds so far (all threads, user + system: what a role cost the machine)."""
 
     KINDS = ("compute", "wait", "io")

@@ -12,7 +12,7 @@ import time
 from prime_values.rundir import RunDir, write_atomic
 from prime_values.supervisor import RestartBudget, StopRequested
 from prime_values.tools.live import Progress
-from prime_values.tools.report import format_summary, summarise
+from prime_values.tools.summary import format_summary, summarise
 
 
 def stop_reason(run: RunDir) -> str | None:
@@ -50,8 +50,8 @@ def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
     job = executor.submit(allocation_main, str(run.root))
     print(f"prime_values: submitted pipeline job {job.job_id}", flush=True)
     if launcher.detach:
-        print(f"prime_values: detached; follow it:  python -m prime_values.status {run.root}\n"
-              f"  stop it:    python -m prime_values.status {run.root} --stop", flush=True)
+        print(f"prime_values: detached; follow it:  python -m prime_values.tools.status {run.root}\n"
+              f"  stop it:    python -m prime_values.tools.status {run.root} --stop", flush=True)
         return {"status": "detached", "run_dir": str(run.root), "conductor_job": str(job.job_id)}
     budget = RestartBudget.of(launcher)  # the budget of a role, for the whole allocation
     shown_queue, reason, lost_since = None, None, None

@@ -248,7 +248,7 @@ class WandbForwarder:
 
     def close(self, summary: dict | None = None, exit_code: int = 0) -> None:
         """Forward what is left and finish the W&B run (call after the roles have stopped). `summary`: the run's
-        final figures (`report.summarise`); its numbers become the W&B run summary, under `summary/`."""
+        final figures (`tools.summary.summarise`); its numbers become the W&B run summary, under `summary/`."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)

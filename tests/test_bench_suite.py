@@ -63,7 +63,7 @@ def test_timers_and_summary_lines(tmp_path):
     import time
 
     from prime_values.monitor import MetricsWriter, Timers
-    from prime_values.tools.report import _time_lines, time_fractions
+    from prime_values.tools.summary import _time_lines, time_fractions
     from prime_values.roles.value_trainer import lockstep_plan
 
     timers = Timers()

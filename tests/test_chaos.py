@@ -1,6 +1,6 @@
 """Chaos, quick version: SIGKILL each role in turn during a real run; the conductor restarts them, every role
-resumes from the run directory, and the run ends with every invariant of `prime_values.check` intact.
-The long version is `python -m prime_values.chaos --kills 20 ...` (docs/reliability.md)."""
+resumes from the run directory, and the run ends with every invariant of `prime_values.tools.check` intact.
+The long version is `python -m prime_values.tools.chaos --kills 20 ...` (docs/reliability.md)."""
 
 from __future__ import annotations
 

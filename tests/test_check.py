@@ -1,4 +1,4 @@
-"""`python -m prime_values.check`: small run directories built with the real writers (SegmentWriter,
+"""`python -m prime_values.tools.check`: small run directories built with the real writers (SegmentWriter,
 weights.publish); a consistent one passes, each injected violation fails with a line naming it."""
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ def test_cli_exit_codes_and_lines(run, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "prime_values.check", *args], cwd=REPO, env=env,
+        return subprocess.run([sys.executable, "-m", "prime_values.tools.check", *args], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=120)
     good = cli(str(run.root))
     assert good.returncode == 0 and len(good.stdout.splitlines()) == 1 and good.stdout.startswith("OK "), good

@@ -7,7 +7,7 @@ import torch
 
 from prime_values.algo.ev import ev_from_sums, ev_sums
 from prime_values.algo.gae import explained_variance
-from prime_values.tools.report import final_explained_variance
+from prime_values.tools.summary import final_explained_variance
 
 
 def test_hand_worked_pooled_ev_one_batch_or_two():

@@ -3,10 +3,9 @@ is parsed (ast), nothing is imported: the whole check takes 0.3-0.8 s on the 2-c
 
 Rules (each failure names the module, the line and the import):
 
-1. No import cycles between modules, counting function-local imports too (a cycle hidden in a function is still
-   two modules that cannot be understood, tested or moved apart). The code under `if __name__ == "__main__":` is
-   the command-line script: at run time it is the module `__main__`, not the module it is written in, so its
-   imports are its own (`python -m prime_values.report <sweep_dir>` dispatches to `sweep`, which uses `report`).
+1. No import cycles between modules, counting function-local imports and the command-line block under
+   `if __name__ == "__main__":` too (a cycle hidden in a function or a CLI is still two modules that cannot be
+   understood, tested or moved apart).
 2. `prime_values/algo` imports only torch, numpy, the standard library and itself.
 3. `prime_values/log` imports nothing of models, roles, tasks, algo (nor torch, transformers): the log knows no
    models.
@@ -19,6 +18,10 @@ Rules (each failure names the module, the line and the import):
    log, weights, models, tasks, critic_io, roles imports them.
 7. The modules the fork server preloads (PRELOAD in prime_values/launch/zygote.py) import no pyarrow, whose
    allocator starts a thread before the zygote forks.
+8. One spelling per module: no module is a shim of another (a star import, a runpy hand-over, or imports and
+   nothing defined); a tool is `python -m prime_values.tools.<tool>` only. A package's `__main__.py` (what
+   `python -m <package>` runs) is exempt.
+9. recipes/ holds recipes (markdown) only; scripts live in bench/ or launchers/.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ LOG_FORBIDDEN = ("prime_values.models", "prime_values.roles", "prime_values.task
 
 @dataclass(frozen=True)
 class Import:
-    importer: str  # the module whose code holds the import ("<module>:__main__" for its script block)
+    importer: str  # the module whose code holds the import ("<module>:__main__" for its script block, which runs
+    # only as a script: what importing the module loads leaves it out; its imports are edges of the module graph)
     target: str  # the imported module: a prime_values module (the nearest one named), or a third-party / stdlib one
     line: int
     local: bool  # inside a function
@@ -146,16 +150,18 @@ def parse_imports(root: Path) -> tuple[dict[str, Path], list[Import]]:
     return modules, found
 
 
-def _internal(imp: Import) -> bool:
-    return imp.target.startswith("prime_values") and imp.target.split(":")[0] != imp.importer
+def _module(imp: Import) -> str:
+    """The module whose code holds the import: a script block's imports are its module's."""
+    return imp.importer.split(":")[0]
 
 
 def find_cycles(imports: list[Import]) -> list[list[Import]]:
-    """One cycle (as the imports that close it) per strongly connected component of the module graph."""
+    """One cycle (as the imports that close it) per strongly connected component of the module graph; an import
+    under `if __name__ == "__main__":` is an edge of its module like any other."""
     edges: dict[str, dict[str, Import]] = {}
     for imp in imports:
-        if _internal(imp):
-            edges.setdefault(imp.importer, {}).setdefault(imp.target, imp)
+        if imp.target.startswith("prime_values") and imp.target != _module(imp):
+            edges.setdefault(_module(imp), {}).setdefault(imp.target, imp)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -238,10 +244,10 @@ def violations(root: Path, parsed: tuple | None = None) -> dict[str, list[str]]:
     reported: set[tuple[str, int]] = set()  # one message per statement
     found: dict[str, list[str]] = {"cycles": [], "algo": [], "log": [], "roles": [], "tools": [], "local": []}
     for cycle in find_cycles(imports):
-        found["cycles"].append(" -> ".join([cycle[0].importer] + [i.target for i in cycle]) + ": " +
+        found["cycles"].append(" -> ".join([_module(cycle[0])] + [i.target for i in cycle]) + ": " +
                                "; ".join(i.where() for i in cycle))
     for imp in imports:
-        importer = imp.importer.split(":")[0]
+        importer = _module(imp)
         if importer.startswith("prime_values.algo"):
             top = imp.target.split(".")[0]
             if not (top in stdlib or top in ALGO_ALLOWED or imp.target.startswith("prime_values.algo")):
@@ -335,6 +341,51 @@ def test_the_fork_server_preloads_nothing_that_imports_pyarrow():
     assert not any(bad.values()), f"the zygote preloads modules that import pyarrow: {bad}"
 
 
+def shim_reason(source: str) -> str | None:
+    """Why a module is a shim of another (it adds nothing of its own), or None: a star import, a runpy hand-over,
+    or statements that are all imports (or a script block) with no definition."""
+    tree = ast.parse(source)
+    nodes = list(ast.walk(tree))
+    if any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in nodes):
+        return "a star import"
+    if any((isinstance(n, ast.Import) and any(a.name == "runpy" for a in n.names))
+           or (isinstance(n, ast.ImportFrom) and n.module == "runpy") for n in nodes):
+        return "a runpy hand-over"
+    body = [s for s in tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    defines = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign, ast.AugAssign)
+    if body and not any(isinstance(s, defines) for s in body):
+        return "imports and nothing defined"
+    return None
+
+
+def test_no_module_is_a_shim():
+    """Each module is the one place its names are spelled: no module re-exports or runs another under a second
+    path (the tools are `python -m prime_values.tools.<tool>`, nothing at the package root stands in for them)."""
+    shims = [f"{path.relative_to(REPO)}: {reason}" for path in sorted((REPO / "prime_values").rglob("*.py"))
+             if path.name != "__main__.py" and "conf" not in path.relative_to(REPO / "prime_values").parts[:1]
+             and (reason := shim_reason(path.read_text()))]
+    assert not shims, "modules that only stand in for another (import from the real module instead):\n  " + \
+        "\n  ".join(shims)
+
+
+def test_the_shim_check_catches_both_kinds():
+    runs = '"""Old path."""\nimport runpy\n\nif __name__ == "__main__":\n    runpy.run_module("p.tools.x")\n' \
+           'else:\n    from p.tools.x import *  # noqa: F401,F403\n'
+    assert shim_reason(runs) == "a star import"
+    assert shim_reason('import runpy\nrunpy.run_module("p.tools.x", run_name="__main__")\n') == "a runpy hand-over"
+    assert shim_reason('"""Old path."""\nfrom p.tools.x import main, view  # noqa: F401\n') == \
+        "imports and nothing defined"
+    assert shim_reason('"""A tool."""\nimport sys\n\n\ndef main():\n    return sys.argv\n') is None
+    assert shim_reason("") is None  # an empty __init__.py is a package, not a shim
+
+
+def test_recipes_holds_only_recipes():
+    """recipes/ is markdown; a script that runs a recipe (a GPU check, a launcher) lives in bench/ or launchers/."""
+    other = sorted(str(p.relative_to(REPO)) for p in (REPO / "recipes").rglob("*")
+                   if p.is_file() and p.suffix != ".md" and "__pycache__" not in p.parts)
+    assert not other, f"not a recipe (move it to bench/ or launchers/ and fix its references): {other}"
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     (tmp_path / "setup.cfg").write_text("[options]\ninstall_requires =\n    torch\n[options.extras_require]\n"
                                         "lora =\n    peft>=0.21\n")
@@ -366,7 +417,10 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
     found = violations(root)
     assert found["cycles"] == ["prime_values.models.build -> prime_values.models.lora -> prime_values.models.build: "
                                "prime_values.models.build (line 4: from prime_values.models.lora import merge); "
-                               "prime_values.models.lora (line 1: from prime_values.models.build import load)"]
+                               "prime_values.models.lora (line 1: from prime_values.models.build import load)",
+                               "prime_values.tool -> prime_values.user -> prime_values.tool: "
+                               "prime_values.tool:__main__ (line 3: from prime_values.user import y); "
+                               "prime_values.user (line 1: from prime_values.tool import z)"]  # through a CLI block too
     assert found["algo"] == ["prime_values.algo (line 1: import pyarrow): algo imports only torch, numpy, the "
                              "standard library and algo"]
     assert len(found["log"]) == 1 and found["log"][0].startswith("prime_values.log (line 1: from prime_values.models")

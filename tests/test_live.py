@@ -1,4 +1,4 @@
-"""The conductor's live view (prime_values/live.py), rendered from a synthetic run directory: metrics files,
+"""The conductor's live view (prime_values/tools/live.py), rendered from a synthetic run directory: metrics files,
 heartbeats, done markers and control/restarts.json written by the test. No role runs."""
 
 from __future__ import annotations

@@ -182,7 +182,7 @@ def test_detached_run_is_followed_and_stopped_from_the_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     result = run_pipeline(run_dir, "advantage=grpo", "steps=100000", "launcher.detach=true")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "detached; conductor job" in result.stdout and f"prime_values.status {run_dir}" in result.stdout
+    assert "detached; conductor job" in result.stdout and f"prime_values.tools.status {run_dir}" in result.stdout
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -192,10 +192,10 @@ def test_detached_run_is_followed_and_stopped_from_the_run_directory(tmp_path):
         time.sleep(1)
     else:
         raise AssertionError("the detached run made no progress: " + subprocess.run(
-            [sys.executable, "-m", "prime_values.status", str(run_dir)], capture_output=True, text=True,
+            [sys.executable, "-m", "prime_values.tools.status", str(run_dir)], capture_output=True, text=True,
             env=env).stdout)
-    shown = subprocess.run([sys.executable, "-m", "prime_values.status", str(run_dir), "--stop"], cwd=REPO, env=env,
-                           capture_output=True, text=True)
+    shown = subprocess.run([sys.executable, "-m", "prime_values.tools.status", str(run_dir), "--stop"], cwd=REPO,
+                           env=env, capture_output=True, text=True)
     assert shown.returncode == 0 and "stop requested" in shown.stdout, shown.stderr
     assert re.search(r"conductor +job \d+ +RUNNING", shown.stdout), shown.stdout
     summary = run_dir / "report" / "summary.json"
@@ -224,7 +224,8 @@ def test_two_inference_workers_and_two_evaluators(tmp_path):
     for shard, worker in (("e0", "w0"), ("e1", "w1")):
         ids = ds.dataset(str(run_dir / "log" / "values" / shard), format="arrow").to_table().column("rollout_id")
         assert ids.length() > 0 and all(i.startswith(worker + "-") for i in ids.to_pylist()), shard
-    check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True, text=True)
+    check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], capture_output=True,
+                           text=True)
     assert check.returncode == 0, check.stdout
     paired = re.search(r"(\d+) values records, (\d+) targets records \((\d+) values/targets records paired", check.stdout)
     assert paired and int(paired[3]) == int(paired[1]) + int(paired[2]) > 0, check.stdout

@@ -193,16 +193,12 @@ def test_a_crash_loop_backs_off(tmp_path, monkeypatch):
 
 
 def _tools() -> list[str]:
-    """Every `python -m prime_values...` entry point: the package, and each module with a __main__ guard; a tool of
-    prime_values/tools/ that keeps a shim at its old path (prime_values/<tool>.py) once, by that old path, which runs
-    it (the shim hands its command line to the tool)."""
+    """Every `python -m prime_values...` entry point: the package, and each module with a __main__ guard."""
     found = ["prime_values"]
     for path in sorted((ROOT / "prime_values").rglob("*.py")):
         if path.name != "__init__.py" and 'if __name__ == "__main__":' in path.read_text():
             module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
-            shim = ROOT / "prime_values" / path.name
-            if module != "prime_values.__main__" and not (path.parent.name == "tools" and shim.exists()
-                                                          and f'"{module}"' in shim.read_text()):
+            if module != "prime_values.__main__":
                 found.append(module)
     return found
 
@@ -210,9 +206,7 @@ def _tools() -> list[str]:
 @pytest.mark.slow  # 6-11 s on 2 cores (processes or model files): out of the fast tier
 def test_every_tool_answers_help():
     tools = _tools()
-    assert {"prime_values.status", "prime_values.chaos", "prime_values.check", "prime_values.report"} <= set(tools)
-    assert not any(t.startswith("prime_values.tools.") for t in tools if t.split(".")[-1] in
-                   ("status", "chaos", "check", "report")), tools  # run through their old paths, not twice
+    assert {f"prime_values.tools.{name}" for name in ("status", "chaos", "check", "report", "show")} <= set(tools)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     procs = {m: subprocess.Popen([sys.executable, "-m", m, "--help"], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT) for m in tools}

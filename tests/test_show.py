@@ -1,4 +1,4 @@
-"""`python -m prime_values.show`: a hand-built run directory (log segments written by the real writers, the
+"""`python -m prime_values.tools.show`: a hand-built run directory (log segments written by the real writers, the
 run's char tokenizer saved like a policy version) with known values and advantages, so the printed numbers
 can be checked exactly; hostile strings check the escaping; one test runs it on a real small run."""
 
@@ -144,7 +144,7 @@ def test_errors_are_one_line_with_exit_2(run, tmp_path, capsys):
     code, _, err = show(capsys, tmp_path / "empty")
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"{tmp_path / 'empty'} has no log/rollouts; give the run directory" in err
-    result = subprocess.run([sys.executable, "-m", "prime_values.show", str(tmp_path / "missing")], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "prime_values.tools.show", str(tmp_path / "missing")], cwd=REPO,
                             capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
 
@@ -178,7 +178,7 @@ def test_on_a_real_run(tmp_path_factory):
     from test_rollouts_dataset import small_run
 
     run = small_run(tmp_path_factory)
-    result = subprocess.run([sys.executable, "-m", "prime_values.show", str(run), "--worst"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "prime_values.tools.show", str(run), "--worst"], cwd=REPO,
                             capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert "[v=" in result.stdout and "batch    step" in result.stdout  # not a terminal: plain markers

@@ -163,7 +163,7 @@ def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
     """launcher=slurm end to end on the node's real CPUs: the whole critic pipeline is one sbatch job (2 CPUs its
     roles share), each role an srun step of it (the policy trainer two processes). A killed role comes back as a
     new step of the same allocation; a requeued allocation (what a node failure or preemption does) resumes the run.
-    It finishes, nothing is left queued, and prime_values.check finds nothing lost."""
+    It finishes, nothing is left queued, and prime_values.tools.check finds nothing lost."""
     from prime_values.tools.chaos import kill_role
 
     run_dir = tmp_path / "run"
@@ -190,7 +190,8 @@ def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
     assert proc.returncode == 0, out[-4000:]
     assert "== prime_values run finished ==" in out and "one allocation for the pipeline: 2 CPUs on one node" in out
     assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "10"
-    check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True, text=True)
+    check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], capture_output=True,
+                           text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     inside = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs" / "pipeline").glob("*_log.out"))
     assert "role inference0 failed: killed by signal 9" in inside, inside[-3000:]

@@ -265,14 +265,14 @@ def test_sft_from_an_earlier_runs_rollouts(math_run, tmp_path):
 
 @pytest.mark.slow
 def test_gpu_check_figures_from_the_math_run(math_run):
-    """recipes/math_gpu_check.py (the one-GPU check of this recipe) reads its figures from a real run's metrics:
+    """bench/math_gpu_check.py (the one-GPU check of this recipe) reads its figures from a real run's metrics:
     inference tokens/s, evaluator scoring tokens/s, policy- and value-trainer step times; and every role and stage
     logged the attention it resolved (policy.attn_implementation=auto: sdpa here)."""
     import importlib.util
 
     import pyarrow.dataset as ds
 
-    spec = importlib.util.spec_from_file_location("math_gpu_check", REPO / "recipes" / "math_gpu_check.py")
+    spec = importlib.util.spec_from_file_location("math_gpu_check", REPO / "bench" / "math_gpu_check.py")
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
     run_dir, _ = math_run

@@ -165,8 +165,8 @@ def test_a_fork_server_death_is_not_charged_to_its_roles(tmp_path, capsys):
 
 @pytest.mark.slow  # real jobs (~5-10 s on 2 cores)
 def test_a_hung_role_is_killed_and_restarted(tmp_path, capsys):
-    """A role beating its heartbeat is left alone; frozen with SIGSTOP (prime_values.chaos --stop) it is killed after
-    launcher.hang_timeout_s and restarted, with the cause `hung: no heartbeat for N s`, charged to its budget."""
+    """A role beating its heartbeat is left alone; frozen with SIGSTOP (prime_values.tools.chaos --stop) it is killed
+    after launcher.hang_timeout_s and restarted, with the cause `hung: no heartbeat for N s`, charged to its budget."""
     from prime_values.tools.chaos import role_processes, signal_role
 
     class Beating(_Jobs):
@@ -340,9 +340,9 @@ def test_submitit_private_api_is_the_version_we_override():
 
 @pytest.mark.slow  # a real run with two roles frozen (~2-3 min on 2 cores)
 def test_a_run_recovers_from_frozen_roles(tmp_path):
-    """prime_values.chaos --stop: the policy trainer and an inference worker are frozen with SIGSTOP mid-run; the
+    """prime_values.tools.chaos --stop: the policy trainer and an inference worker are frozen with SIGSTOP mid-run; the
     supervisor kills and restarts each after launcher.hang_timeout_s, the run goes on and ends with every invariant
-    of prime_values.check intact, and nothing outlives it."""
+    of prime_values.tools.check intact, and nothing outlives it."""
     from prime_values.tools.chaos import chaos
 
     run_dir = seed_version_zero(tmp_path / "run")

@@ -37,7 +37,7 @@ def test_multirun_points_and_sweep_summary(tmp_path):
     assert "| 0 | `seed=0` | finished |" in table and "| 1 | `seed=1` | finished |" in table, table
     assert (sweep / "sweep_curves.png").stat().st_size > 10_000
     # the same summary from the command line
-    again = subprocess.run([sys.executable, "-m", "prime_values.report", str(sweep)], cwd=REPO, env=env,
+    again = subprocess.run([sys.executable, "-m", "prime_values.tools.report", str(sweep)], cwd=REPO, env=env,
                            capture_output=True, text=True)
     assert again.returncode == 0 and "2 points" in again.stdout, again.stderr
     assert not processes_mentioning(str(sweep))

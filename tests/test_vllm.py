@@ -246,7 +246,7 @@ def test_pipeline_runs_with_vllm(tmp_path):
     assert chunks and max(m["policy_version"] for m in chunks) >= 1, "later versions were adopted"
     job_log = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs").rglob("*_log.*"))
     assert "starting the vLLM engine" in job_log and job_log.count("starting the vLLM engine") == 1
-    check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], cwd=REPO, env=env,
+    check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stdout + check.stderr
     assert_learned(run_dir)

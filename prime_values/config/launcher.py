@@ -44,7 +44,7 @@ class LauncherConfig:
     role is working in about a second instead of paying 5-15 s of imports); false = a fresh Python process each"""
     detach: bool = False
     """submit a conductor job that runs the roles (restarts, stop, summary) and return at once; follow the run
-    with `python -m prime_values.status <run_dir>`, stop it with `... status <run_dir> --stop` (rl stage only)"""
+    with `python -m prime_values.tools.status <run_dir>`, stop it with `... status <run_dir> --stop` (rl stage only)"""
     partition: Optional[str] = None
     """slurm: partition (null = the cluster's default)"""
     account: Optional[str] = None

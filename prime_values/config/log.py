@@ -27,4 +27,4 @@ class LogConfig:
     plots: bool = True
     """draw the report's PNG plots (report/*.png) at the end of a run; false writes report/summary.json and
     summary.md without them (~5 s less per run on 2 cores: many short runs, tests), and
-    `python -m prime_values.report <run>` draws them later"""
+    `python -m prime_values.tools.report <run>` draws them later"""

@@ -166,7 +166,8 @@ class LocalRoleExecutor(submitit.LocalExecutor):
                "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_STDERR_TO_STDOUT": "",
                "SUBMITIT_EXECUTOR": "local", "CUDA_VISIBLE_DEVICES": ",".join(str(k) for k in gpus),
                "SUBMITIT_LOCAL_WITH_SHELL": "1" if self.parameters.get("setup") else ""}
-        # the job folder ends the command line, as with submitit's controller (prime_values.chaos finds roles by it)
+        # the job folder ends the command line, as with submitit's controller (prime_values.tools.chaos finds roles
+        # by it)
         cmd: list[str] | str = [sys.executable, "-m", "prime_values.launch.controller", str(self.folder)]
         if self.parameters.get("setup"):
             cmd = " && ".join([*self.parameters["setup"], shlex.join(cmd)])
@@ -187,7 +188,7 @@ class LocalRoleExecutor(submitit.LocalExecutor):
         job = LocalRoleJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
         job.started_at, job.oom_at_start, job.step_prefix = time.time(), oom, prefix
         job.proc = _handle(process)
-        if job.proc is not None:  # who the job is, for tools that signal it (prime_values.chaos)
+        if job.proc is not None:  # who the job is, for tools that signal it (prime_values.tools.chaos)
             _write_json(self.folder / f"{job.job_id}_process.json",
                         {"pid": job.proc.pid, "create_time": job.proc.create_time()})
         return job

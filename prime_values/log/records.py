@@ -79,7 +79,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 def token_digest(token_ids) -> int:
     """A rollout's identity by content: xxh3-64 of its token ids as little-endian int32 (a list or a numpy array).
-    Values and targets rows carry it, so `prime_values.check` verifies each pairs with its own rollout's tokens,
+    Values and targets rows carry it, so `prime_values.tools.check` verifies each pairs with its own rollout's tokens,
     not only with a rollout of the same id."""
     return xxhash.xxh3_64_intdigest(np.asarray(token_ids, dtype="<i4").tobytes())
 

@@ -103,7 +103,7 @@ def _region(head, tail, n: int) -> tuple[int, int]:
 
 def verify_checksum(path: Path, data, meta: dict[str, str]) -> None:
     """Raise CorruptSegment unless the hash recorded in the segment's metadata matches its data region.
-    The one verification every reader uses (read_segment, `prime_values.check`)."""
+    The one verification every reader uses (read_segment, `prime_values.tools.check`)."""
     try:
         start, end = data_region(data)
     except (ValueError, struct.error) as e:

@@ -151,7 +151,7 @@ def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
     if tail.last and tail.last != shown:
         print(_progress_line(name, tail.last, started), flush=True)
     result = job.result()
-    write_atomic(run.state(name) / "done", json.dumps({"stage": name}))  # `prime_values.status` shows COMPLETED
+    write_atomic(run.state(name) / "done", json.dumps({"stage": name}))  # `prime_values.tools.status` shows COMPLETED
     return result
 
 

@@ -1,10 +1,10 @@
 """Chaos run: start a real run, SIGKILL a random role at random moments, and check the run directory after.
 
-    python -m prime_values.chaos --kills 20 --run-dir /tmp/chaos -- +experiment=arith steps=60
-    python -m prime_values.chaos --stop --kills 5 --hang-timeout 20 --run-dir /tmp/hang -- +experiment=arith
+    python -m prime_values.tools.chaos --kills 20 --run-dir /tmp/chaos -- +experiment=arith steps=60
+    python -m prime_values.tools.chaos --stop --kills 5 --hang-timeout 20 --run-dir /tmp/hang -- +experiment=arith
 
 The conductor restarts every killed role (launcher.max_restarts, raised here to the number of kills) and each
-role resumes from the run directory; when the run ends, `prime_values.check` must find no violated invariant.
+role resumes from the run directory; when the run ends, `prime_values.tools.check` must find no violated invariant.
 With --stop each role is frozen with SIGSTOP instead (a hang: a deadlock, a dead mount): the supervisor notices
 its silent heartbeat after launcher.hang_timeout_s (set from --hang-timeout), kills and restarts it.
 Prints one line per kill and a final report (kills per role, restarts the conductor made, wall time, check
@@ -164,7 +164,7 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
             conductor.send_signal(signal.SIGINT)
             conductor.wait(timeout=120)
             output = ""
-    check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True,
+    check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], capture_output=True,
                            text=True, env=env)
     for kill, took in zip(done, recovery_times(run_dir, done)):
         kill["recovered_s"] = took
@@ -184,7 +184,7 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     usage="python -m prime_values.chaos [options] -- <overrides>")
+                                     usage="python -m prime_values.tools.chaos [options] -- <overrides>")
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--min-gap", type=float, default=4.0, help="seconds between kills, at least")

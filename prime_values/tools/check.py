@@ -1,4 +1,4 @@
-"""`python -m prime_values.check <run_dir>`: verify the invariants of a run directory (docs/design.md §2).
+"""`python -m prime_values.tools.check <run_dir>`: verify the invariants of a run directory (docs/design.md §2).
 
 Read-only. Prints one line per violation and exits 1, or prints a one-line OK summary and exits 0 (2: not a
 run directory). What is checked is what the roles actually guarantee (read from `prime_values/roles/`):
@@ -612,7 +612,7 @@ def check(run_dir: str | os.PathLike, allow_old_schema: bool = False) -> Result:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prime_values.check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m prime_values.tools.check", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="the run directory (Hydra's output dir) to verify; only read")
     parser.add_argument("--allow-old-schema", action="store_true",
                         help="check segments an older Prime Values wrote (older schema_version) leniently instead "
@@ -621,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run = Path(args.run_dir)
     if not (run / "log").is_dir() and not (run / "weights").is_dir():
-        print(f"prime_values.check: {run} is not a run directory (no log/ or weights/); pass the directory "
+        print(f"prime_values.tools.check: {run} is not a run directory (no log/ or weights/); pass the directory "
               "`python -m prime_values` printed as its run directory", file=sys.stderr)
         return 2
     result = check(run, args.allow_old_schema)

@@ -137,7 +137,7 @@ def expected_roles(run: RunDir) -> list[str]:
 
 class LiveView:
     """The live view of one run. `show()` is called by the conductor on every poll; `line()` is the one-line
-    headline (`python -m prime_values.status` prints it); `lines()` is the whole view.
+    headline (`python -m prime_values.tools.status` prints it); `lines()` is the whole view.
 
     `out` defaults to sys.stdout and `tty` to `out.isatty()`; tests pass a StringIO and a flag."""
 
@@ -148,7 +148,7 @@ class LiveView:
         out = out if out is not None else sys.stdout
         self.out = out._stream if isinstance(out, _Watched) else out  # a view left watching by an earlier run
         self.tty = bool(tty if tty is not None else getattr(self.out, "isatty", lambda: False)())
-        self.clock = time.time  # `prime_values.status` pins it to the last metric of an ended run
+        self.clock = time.time  # `prime_values.tools.status` pins it to the last metric of an ended run
         self.now = time.time  # heartbeat ages (real time, also for an ended run)
         self.rates: dict[str, Rate] = {}
         self.seen_restarts: dict[str, tuple[int, float]] = {}  # job -> (count, when the count was first seen)
@@ -394,11 +394,11 @@ class LiveView:
         self._watched = False
 
 
-Progress = LiveView  # the conductor's and prime_values.status's name for it
+Progress = LiveView  # the conductor's and prime_values.tools.status's name for it
 
 
 def render(run_dir: str | Path, steps: int | None = None, tty: bool = False, final: bool = False) -> str:
-    """The view of a run directory as text (tests, `prime_values.status`)."""
+    """The view of a run directory as text (tests, `prime_values.tools.status`)."""
     run = RunDir(run_dir)
     if steps is None:
         from omegaconf import OmegaConf

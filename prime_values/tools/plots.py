@@ -1,4 +1,4 @@
-"""PNG plots of a run directory, from the roles' metrics files (`python -m prime_values.report <run_dir>`).
+"""PNG plots of a run directory, from the roles' metrics files (`python -m prime_values.tools.report <run_dir>`).
 
 One figure per question a researcher asks of an RL run:
   learning.png     is the policy improving? reward and held-out accuracy vs policy step and vs wall time

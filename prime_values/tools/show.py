@@ -1,4 +1,4 @@
-"""`python -m prime_values.show <run_dir> [--rollout ID | --worst | --best] [--html PATH]`: one rollout, token by
+"""`python -m prime_values.tools.show <run_dir> [--rollout ID | --worst | --best] [--html PATH]`: one rollout, token by
 token, with the critic's value at every state and the advantage each token received.
 
 Prints the rollout's prompt, privileged context, reward, stop reason, policy version, critic version and
@@ -50,7 +50,7 @@ class ShowError(Exception):
 def read_stream(run: Path, stream: str, columns: list[str] | None = None) -> pa.Table | None:
     """Every readable segment of `<run>/log/<stream>` as one table (None when the stream has no segment).
 
-    Segments that vanish (retention) or fail verification are skipped: this is a viewer, `prime_values.check`
+    Segments that vanish (retention) or fail verification are skipped: this is a viewer, `prime_values.tools.check`
     is the tool that reports them."""
     root = run / "log" / stream
     try:
@@ -445,7 +445,7 @@ def html_path(run: Path, rollout_id: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m prime_values.show", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m prime_values.tools.show", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir")
     pick = parser.add_mutually_exclusive_group()
     pick.add_argument("--rollout", metavar="ID", help="the rollout_id to show")
@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shown = load(run, args.rollout, worst=not args.best)
     except ShowError as error:
-        print(f"prime_values.show: {error}", file=sys.stderr)
+        print(f"prime_values.tools.show: {error}", file=sys.stderr)
         return 2
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     print(render_text(shown, color))
@@ -470,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(render_html(shown), encoding="utf-8")
         print(f"html        {path}")
     except OSError as error:
-        print(f"prime_values.show: could not write {path} ({error.strerror}); choose another place with --html PATH",
-              file=sys.stderr)
+        print(f"prime_values.tools.show: could not write {path} ({error.strerror}); choose another place with "
+              "--html PATH", file=sys.stderr)
         return 2
     return 0
 

@@ -1,4 +1,4 @@
-"""`python -m prime_values.status <run_dir>`: where a run stands, from its run directory alone.
+"""`python -m prime_values.tools.status <run_dir>`: where a run stands, from its run directory alone.
 
 Prints the view the conductor shows (`prime_values.tools.live`: policy step and ETA, reward, held-out accuracy,
 critic version and explained variance, off-policy lag, replay, each role's state and throughput), then one
@@ -91,7 +91,7 @@ def status(run_dir: str | Path) -> str:
     return "\n".join([head, *progress.lines(final=bool(ended)), "jobs:", *job_lines(run, cfg, bool(ended))])
 
 
-USAGE = "usage: python -m prime_values.status <run_dir> [--stop]"
+USAGE = "usage: python -m prime_values.tools.status <run_dir> [--stop]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE + "  (a directory holding config.yaml)", file=sys.stderr)
         return 2
     if stop:  # the conductor (attached or a detached conductor job) sees it, stops every role, writes the summary
-        RunDir(argv[0]).request_stop("stop requested by the user (prime_values.status --stop)")
+        RunDir(argv[0]).request_stop("stop requested by the user (prime_values.tools.status --stop)")
         print(f"stop requested: {RunDir(argv[0]).stop_file}")
     print(status(argv[0]))
     return 0

@@ -1,6 +1,6 @@
 """The summary of a sweep (a Hydra multirun directory): one row per point, and the points' curves overlaid.
 
-    python -m prime_values.report <sweep_dir>      # also rewritten by every point of a multirun as it ends
+    python -m prime_values.tools.report <sweep_dir>      # also rewritten by every point of a multirun as it ends
 
 A point is any subdirectory holding `config.yaml` (its run directory). Its row: the overrides that made it
 (`.hydra/overrides.yaml`), its status and final figures (`report/summary.json`, or computed from its metrics
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prime_values.monitor import read_metrics
 from prime_values.rundir import write_atomic
-from prime_values.tools.report import summarise
+from prime_values.tools.summary import summarise
 
 FIGURES = (("final_accuracy", "final acc"), ("first_rl_step_accuracy", "first acc"),
            ("final_explained_variance", "EV"), ("policy_steps", "steps"), ("wall_s", "wall s"))

@@ -1,9 +1,9 @@
-"""Helper of recipes/math_gpu_check.sh: a few RL steps of the math recipe on one GPU, offline, and its figures.
+"""The Python side of bench/math_gpu_check.sh: a few RL steps of the math recipe on one GPU, offline, and its figures.
 
-    python recipes/math_gpu_check.py site [--venv .venv]        # here: pure-Python packages -> .gpu_site
-    python recipes/math_gpu_check.py probe                      # versions; which optional packages import
-    python recipes/math_gpu_check.py prepare --size 0.6b --dir W --device cuda:0   # model, tokenizer, data
-    python recipes/math_gpu_check.py figures <run_dir> [--json f]                # the throughput table
+    python bench/math_gpu_check.py site [--venv .venv]        # here: pure-Python packages -> .gpu_site
+    python bench/math_gpu_check.py probe                      # versions; which optional packages import
+    python bench/math_gpu_check.py prepare --size 0.6b --dir W --device cuda:0   # model, tokenizer, data
+    python bench/math_gpu_check.py figures <run_dir> [--json f]                # the throughput table
 
 The model is Qwen3-0.6B's shape (28 layers, hidden 1024, GQA 16/8 heads of 128, vocab 151,936, tied embeddings)
 with random weights, built from a config: the GPU machine has no network, so no hub download. Throughput figures
@@ -84,7 +84,7 @@ def probe() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- prepare
-DATASETS_STANDIN = '''"""A stand-in for HF datasets, written by recipes/math_gpu_check.py on a machine without it: only what the math
+DATASETS_STANDIN = '''"""A stand-in for HF datasets, written by bench/math_gpu_check.py on a machine without it: only what the math
 task's loader calls for one local .jsonl file (load_dataset('json', data_files=...)). Never used where datasets
 imports."""
 import json
