@@ -17,16 +17,17 @@ from prime_values.monitor import MetricsTail
 from prime_values.roles.orchestrator import GroupJoin, batch_metrics, batch_rows, score_group, score_groups
 from prime_values.roles.policy_trainer import policy_lr
 
+import log_rows
 
-def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 2), version=0) -> dict:
-    return {"rollout_id": rid, "group_id": group, "policy_version": version, "reward": reward,
-            "token_ids": [*prompt, *response], "policy_mask": [0] * len(prompt) + [1] * len(response),
-            "sampling_logprobs": [0.0] * len(prompt) + [-0.5] * len(response), "privileged": "42"}
+
+def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 2), version=0, **fields) -> dict:
+    return log_rows.row("rollouts", rollout_id=rid, group_id=group, policy_version=version, reward=reward,
+                        token_ids=[*prompt, *response], policy_mask=[0] * len(prompt) + [1] * len(response),
+                        sampling_logprobs=[0.0] * len(prompt) + [-0.5] * len(response), privileged="42", **fields)
 
 
 def values_row(rid: str, values: list[float], version: int = 3) -> dict:
-    return {"rollout_id": rid, "critic_version": version, "values": values, "cut": False, "scored_at": 0.0,
-            "valued_tokens": len(values), "bootstrap_value": 0.0, "token_digest": 0}
+    return log_rows.row("values", rollout_id=rid, critic_version=version, values=values, valued_tokens=len(values))
 
 
 def test_group_waits_for_every_rollout_and_every_value():
@@ -380,8 +381,8 @@ def test_offline_critic_warm_start_reads_the_newest_rollouts_of_an_earlier_run(t
     earlier = RunDir(tmp_path / "earlier")
     with SegmentWriter(earlier.stream("rollouts"), "w0", "rollouts") as writer:
         for chunk in range(3):
-            writer.append([{**rollout(f"r{chunk}-{i}", f"g{chunk}", float(i % 2)), "prompt_id": "p", "shard": "w0",
-                            "stop_reason": "eos", "task": "{}", "created_at": _time.time()} for i in range(4)])
+            writer.append([rollout(f"r{chunk}-{i}", f"g{chunk}", float(i % 2), prompt_id="p", shard="w0",
+                                   stop_reason="eos", task="{}", created_at=_time.time()) for i in range(4)])
     run = RunDir(tmp_path / "now")
     run.mkdirs()
     cfg = OmegaConf.structured(Config)
