@@ -14,6 +14,7 @@ from prime_values import dist
 from prime_values.algo.gae import explained_variance, gae
 from prime_values.algo.losses import token_logprobs, value_loss, values_from_head
 from prime_values.algo.privileged import batch_values_to_policy_layout, critic_layout, truncate_for_critic
+from prime_values.trainer import optimizer_step
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -208,30 +209,32 @@ def value_targets(rows: list[dict], inputs: CriticInputs, values: torch.Tensor, 
     return targets
 
 
-def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg, device: str) -> dict:
-    """One critic optimizer step on replay rows (targets rows: token ids, mask, reward, values, value_targets).
+def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg, device: str, real: bool = True) -> dict:
+    """One critic optimizer step on replay rows (targets rows: token ids, mask, reward, values, value_targets):
+    the trainers' step (`trainer.optimizer_step`: critic.max_grad_norm clips, `grad_norm` reported). With several
+    processes `rows` is this rank's share and `real` whether it is one (`dist.share`: a stand-in counts no tokens).
 
     With advantage.lambda_value < 1 the stored targets mixed in the values of the critic that scored the
     rollout; they are recomputed here with the current critic's values of the same forward (`value_targets`:
     a cut trace bootstraps with V(s_cut), as the orchestrator's targets do), so old replay data does not pull the
     critic back toward its past self. With lambda_value = 1 they are Monte-Carlo returns."""
     ccfg = cfg.critic
-    inputs = CriticInputs.of(rows, tokenizer, ccfg, device)
-    raw = inputs.values(critic, head=None)
-    values = values_from_head(raw, ccfg.loss).where(inputs.policy_mask, torch.zeros_like(raw))
-    targets = value_targets(rows, inputs, values, cfg)
-    clip = {}
-    if ccfg.value_clip > 0 and "values" in rows[0]:  # pretraining rows were never scored: nothing to clip to
-        old = padded(rows, "values", torch.float32, length=values.shape[1]).to(device)
-        clip = {"old_values": old, "clip_range": ccfg.value_clip}
-    loss, stats = value_loss(raw, targets, inputs.policy_mask, kind=ccfg.loss, with_stats=True, **clip)
-    optimizer.zero_grad(set_to_none=True)
-    tokens = inputs.policy_mask.sum().item()  # with several processes (prime_values.dist): this rank's share
-    (loss * dist.loss_scale(tokens)).backward()  # the single-process gradient of the batch's token mean
-    if ccfg.max_grad_norm > 0:
-        dist.clip_grad_norm(critic.parameters(), ccfg.max_grad_norm)
-    optimizer.step()
-    return dist.token_mean({"value_loss": loss.item(), "value_clip_fraction": stats["clip_fraction"],
-            "train_explained_variance": explained_variance(values.detach(), targets, inputs.policy_mask),
-            "value_mean": values.detach()[inputs.policy_mask].mean().item(),
-            "target_mean": targets[inputs.policy_mask].mean().item()}, tokens)
+
+    def backward() -> dict:
+        inputs = CriticInputs.of(rows, tokenizer, ccfg, device)
+        raw = inputs.values(critic, head=None)
+        values = values_from_head(raw, ccfg.loss).where(inputs.policy_mask, torch.zeros_like(raw))
+        targets = value_targets(rows, inputs, values, cfg)
+        clip = {}
+        if ccfg.value_clip > 0 and "values" in rows[0]:  # pretraining rows were never scored: nothing to clip to
+            old = padded(rows, "values", torch.float32, length=values.shape[1]).to(device)
+            clip = {"old_values": old, "clip_range": ccfg.value_clip}
+        loss, stats = value_loss(raw, targets, inputs.policy_mask, kind=ccfg.loss, with_stats=True, **clip)
+        tokens = inputs.policy_mask.sum().item() * real  # this rank's valued tokens (after any critic cut)
+        total = dist.all_reduce_sum({"tokens": float(tokens)})["tokens"]  # the batch's, over every rank
+        (loss * dist.loss_scale(tokens, total, dist.current().world)).backward()
+        return dist.token_mean({"value_loss": loss.item(), "value_clip_fraction": stats["clip_fraction"],
+                "train_explained_variance": explained_variance(values.detach(), targets, inputs.policy_mask),
+                "value_mean": values.detach()[inputs.policy_mask].mean().item(),
+                "target_mean": targets[inputs.policy_mask].mean().item()}, tokens)
+    return optimizer_step(critic, optimizer, backward, ccfg.max_grad_norm)

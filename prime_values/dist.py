@@ -9,8 +9,9 @@ Data: rank 0 alone touches the run directory (reads batches / samples replay, wr
 weights). It broadcasts each whole batch to every rank (`broadcast`, over a gloo side group whose timeout is
 the job's lifetime, so ranks may wait for the next batch as long as rank 0 does); every rank then trains on
 its strided share of each micro-batch (`share`). The loss of a share is scaled so the gradient equals the
-single-process one: with FSDP averaging gradients over ranks, a rank's token-mean loss over n_r tokens is
-multiplied by n_r × world / N (N = the batch's tokens over all ranks; `loss_scale`). Publishing gathers the
+single-process one: with FSDP averaging gradients over ranks, a rank's token-mean loss over n tokens is
+multiplied by n / N × world (N = the batch's tokens over all ranks; `loss_scale`, whose inputs are all
+arguments: no state of this module). Publishing gathers the
 full state dict onto rank 0's CPU (`unsharded`), which saves it with the usual `save_pretrained`.
 
 With one process (the default) every helper is a no-op and the trainers run exactly as before.
@@ -32,7 +33,6 @@ class Group:
     local_rank: int = 0
     device: str = "cpu"
     control: object = None  # gloo process group for objects and counts (None with one process)
-    real: bool = True  # False while this rank runs a stand-in share (see `share`): its tokens count 0
 
     @property
     def main(self) -> bool:
@@ -164,29 +164,32 @@ def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
 
 def share(rows: list) -> tuple[list, bool]:
     """This rank's strided share of `rows`, and whether it is real: a rank left without rows (fewer rows than
-    ranks) gets the first row to run with weight 0, since FSDP needs every rank in every forward/backward."""
+    ranks) gets the first row to run with weight 0 (its tokens count 0 in `loss_scale` and `token_mean`), since
+    FSDP needs every rank in every forward/backward."""
     g = current()
     mine = rows[g.rank::g.world]
-    g.real = bool(mine)
     return (mine, True) if mine else (rows[:1], False)
 
 
-def loss_scale(local_tokens) -> float:
-    """Factor for a rank's token-mean loss over `local_tokens` tokens so that the FSDP-averaged gradient equals
-    the single-process gradient of the token mean over every rank's tokens: n_r × world / N. 1 with one process."""
-    g = current()
-    if g.world == 1:
-        return 1.0
-    local = float(local_tokens) * g.real
-    total = all_reduce_sum({"tokens": local})["tokens"]
-    return local * g.world / max(total, 1.0)
+def loss_scale(tokens, total_tokens, world: int) -> float:
+    """Factor for a token-mean loss over `tokens` tokens (one rank's micro-batch; 0 for a stand-in share) so that
+    the gradients, summed over micro-batches and averaged over the `world` ranks (FSDP), are the single-process
+    gradient of the token mean over the `total_tokens` tokens of the whole batch (every rank, every micro-batch):
+
+        scale = tokens / total_tokens × world
+
+    since (1/world) Σ_ranks Σ_micro (n / N × world) · (1/n) Σ_t ∇ℓ_t = (1/N) Σ_all t ∇ℓ_t. With one process and
+    one micro-batch it is 1. Hand-worked: 2 ranks, micro-batches of 3 and 5 tokens of a global 16 -> 3/16 × 2 =
+    0.375 and 5/16 × 2 = 0.625 (tests/test_dist.py)."""
+    return tokens / max(total_tokens, 1) * world
 
 
 def token_mean(stats: dict[str, float], local_tokens) -> dict[str, float]:
-    """Per-rank token-mean statistics combined into the token mean over all ranks (unchanged with one process)."""
+    """Per-rank token-mean statistics over `local_tokens` tokens (0 for a stand-in share) combined into the token
+    mean over all ranks (unchanged with one process)."""
     if current().world == 1:
         return stats
-    local = float(local_tokens) * current().real
+    local = float(local_tokens)
     summed = all_reduce_sum({**{k: v * local for k, v in stats.items()}, "__tokens": local})
     total = max(summed.pop("__tokens"), 1.0)
     return {k: v / total for k, v in summed.items()}

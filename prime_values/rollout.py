@@ -3,12 +3,32 @@ evaluations (the trainers', the warm start's, the stages'), the SFT early stop, 
 the eval stage (docs/design.md §1).
 
 Token layout: ``prompt_ids = tokenizer.encode(problem.prompt)`` (no special tokens), then the sampled reply.
+``EnvRollout`` is the one record of a scored rollout, whichever task made it (tasks.verifiers_env builds it too).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from prime_values.backends import as_backend
-from prime_values.tasks.verifiers_env import EnvRollout
+
+
+@dataclass
+class EnvRollout:
+    """One finished, scored episode, what ``sample_and_score`` returns for every task and the inference role records
+    (``roles.inference.env_rows``): a single reply is a one-turn episode (``scored_replies``), a task that drives
+    its own episodes (``task.rollout``: tasks.verifiers_env) builds them turn by turn."""
+
+    prompt_index: int
+    token_ids: list[int]
+    policy_mask: list[int]
+    logprobs: list[float]
+    reward: float
+    stop_reason: str  # eos | length | env_done | error
+    text: str  # the policy's replies, joined
+    turns: int = 0
+    rewards: dict = field(default_factory=dict)
+    error: str | None = None
 
 
 def encode_prompts(tokenizer, problems) -> list[list[int]]:

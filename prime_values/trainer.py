@@ -7,7 +7,8 @@ trainer and the value trainer (roles/) and, for its optimizer step, the supervis
 - `Trainer.batches(source)`: rank 0's `(batch, publish_now)` items, broadcast to every rank, until the source ends
   (the run stops; the steps or the time budget run out). A role's loop is one `for` over them; the source is where
   a role's schedule lives (batch n for step n; replay samples; lockstep plans).
-- `optimizer_step`: one optimizer step (zero the gradients, accumulate them, clip the norm, step).
+- `optimizer_step`: one optimizer step (zero the gradients, accumulate them, clip the norm, step), the policy
+  trainer's and the critic's (`critic_io.critic_step`).
 - `Trainer.publish`: the next version: the optimizer state gathered every `log.optimizer_state_every` versions,
   the full model gathered, published by rank 0, then `published()` (the policy trainer commits its batch there),
   then pruned to `log.keep_weights` (version 0 and a LoRA base protected). Every rank calls it (collectives).
@@ -24,8 +25,10 @@ from prime_values.weights import prune, publish, resume, version_dir
 
 
 def optimizer_step(model, optimizer, backward: Callable[[], dict], max_grad_norm: float) -> dict:
-    """One optimizer step: zero the gradients, `backward()` (accumulates them; returns the step's statistics), clip
-    the gradient norm at `max_grad_norm` (0 = no clip; then `grad_norm` is reported), step."""
+    """One optimizer step, the policy trainer's, the critic's (`critic_io.critic_step`) and the supervised loop's:
+    zero the gradients, `backward()` (accumulates them, the loss scaled by `dist.loss_scale`; returns the step's
+    statistics), clip the gradient norm at `max_grad_norm` and report it as `grad_norm` (0: no clip, no
+    `grad_norm`), step."""
     optimizer.zero_grad(set_to_none=True)
     stats = backward()
     if max_grad_norm > 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from e2e_helpers import run_pipeline, stream_table
+import log_rows
 from omegaconf import OmegaConf
 
 from prime_values.algo.gae import batch_baseline_advantages
@@ -49,9 +50,9 @@ def test_reinforce_is_the_reward_itself():
 
 
 def rollout(rid: str, group: str, reward: float, response=(7, 8, 2)) -> dict:
-    return {"rollout_id": rid, "group_id": group, "policy_version": 0, "reward": reward,
-            "token_ids": [5, 6, *response], "policy_mask": [0, 0] + [1] * len(response),
-            "sampling_logprobs": [0.0, 0.0] + [-0.5] * len(response), "privileged": "42"}
+    return log_rows.row("rollouts", rollout_id=rid, group_id=group, reward=reward, token_ids=[5, 6, *response],
+                        policy_mask=[0, 0] + [1] * len(response),
+                        sampling_logprobs=[0.0, 0.0] + [-0.5] * len(response), privileged="42")
 
 
 def groups_of_one(cfg) -> list[dict]:

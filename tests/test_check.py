@@ -19,6 +19,8 @@ from prime_values.log.records import token_digest
 from prime_values.rundir import RunDir
 from prime_values.weights import publish
 
+import log_rows
+
 REPO = Path(__file__).resolve().parents[1]
 GROUP, PROMPTS, STEPS = 2, 2, 3
 
@@ -29,31 +31,36 @@ def save_model_files(path: Path) -> None:
 
 
 def rollout(chunk: int, k: int, version: int, n_tokens: int = 6) -> dict:
-    return dict(rollout_id=f"w0-{chunk:06d}-{k:04d}", prompt_id=f"p{chunk}-{k // GROUP}",
-                group_id=f"w0-{chunk:06d}-{k // GROUP:04d}", shard="w0", policy_version=version,
-                token_ids=[chunk, k, *range(n_tokens - 2)], policy_mask=[0, 0] + [1] * (n_tokens - 2),
-                sampling_logprobs=[0.0, 0.0] + [-0.5] * (n_tokens - 2), reward=float(k % 2), stop_reason="eos",
-                privileged="42", task="{}", created_at=1.7e9 + chunk)
+    return log_rows.row(
+        "rollouts", rollout_id=f"w0-{chunk:06d}-{k:04d}", prompt_id=f"p{chunk}-{k // GROUP}",
+        group_id=f"w0-{chunk:06d}-{k // GROUP:04d}", shard="w0", policy_version=version,
+        token_ids=[chunk, k, *range(n_tokens - 2)], policy_mask=[0, 0] + [1] * (n_tokens - 2),
+        sampling_logprobs=[0.0, 0.0] + [-0.5] * (n_tokens - 2), reward=float(k % 2), stop_reason="eos",
+        privileged="42", task="{}", created_at=1.7e9 + chunk)
+
+
+def digested(row: dict, r: dict) -> dict:
+    """`row` with the token_digest of its rollout `r`, where its schema has the field (schema_version 3 on)."""
+    return {**row, "token_digest": token_digest(r["token_ids"])} if "token_digest" in row else row
 
 
 def values_row(r: dict, critic_version: int) -> dict:
     n = len(r["token_ids"])
-    return dict(rollout_id=r["rollout_id"], critic_version=critic_version, values=[0.5] * n, cut=False,
-                valued_tokens=n, bootstrap_value=0.0, token_digest=token_digest(r["token_ids"]), scored_at=1.7e9)
+    return digested(log_rows.row("values", rollout_id=r["rollout_id"], critic_version=critic_version,
+                                 values=[0.5] * n, valued_tokens=n, scored_at=1.7e9), r)
 
 
 def target_row(r: dict, critic_version: int) -> dict:
     n = len(r["token_ids"])
-    return dict(rollout_id=r["rollout_id"], group_id=r["group_id"], policy_version=r["policy_version"],
-                critic_version=critic_version, token_ids=r["token_ids"], policy_mask=r["policy_mask"],
-                privileged=r["privileged"], reward=r["reward"], values=[0.5] * n, value_targets=[r["reward"]] * n,
-                token_digest=token_digest(r["token_ids"]), created_at=1.7e9)
+    same = ("rollout_id", "group_id", "policy_version", "token_ids", "policy_mask", "privileged", "reward")
+    return digested(log_rows.row("targets", **{k: r[k] for k in same}, critic_version=critic_version,
+                                 values=[0.5] * n, value_targets=[r["reward"]] * n, created_at=1.7e9), r)
 
 
 def batch_row(step: int, r: dict, critic_version: int) -> dict:
-    return dict(step=step, rollout_id=r["rollout_id"], policy_version=r["policy_version"],
-                critic_version=critic_version, token_ids=r["token_ids"], policy_mask=r["policy_mask"],
-                sampling_logprobs=r["sampling_logprobs"], advantages=[0.1] * len(r["token_ids"]), reward=r["reward"])
+    same = ("rollout_id", "policy_version", "token_ids", "policy_mask", "sampling_logprobs", "reward")
+    return log_rows.row("batches", **{k: r[k] for k in same}, step=step, critic_version=critic_version,
+                        advantages=[0.1] * len(r["token_ids"]))
 
 
 def make_run(root: Path, steps: int = STEPS, critic: bool = True, batches=None, values=None, config: dict | None = None,

@@ -288,12 +288,25 @@ def test_optimizer_state_saved_by_two_processes_resumes_with_two_or_one(tmp_path
                for n, m in saved["state"].items())
 
 
+def test_loss_scale_worked_by_hand():
+    """2 ranks, micro-batches of 3 and 5 tokens of a global 16: 3/16 x 2 = 0.375 and 5/16 x 2 = 0.625; the scaled
+    token means, averaged over the ranks as FSDP does, are the token mean of all 16 tokens."""
+    from prime_values import dist
+
+    assert dist.loss_scale(3, 16, 2) == 0.375 and dist.loss_scale(5, 16, 2) == 0.625
+    assert dist.loss_scale(0, 16, 2) == 0.0  # a stand-in share
+    assert dist.loss_scale(17, 17, 1) == 1.0  # one process, one micro-batch
+    per_token = torch.arange(16, dtype=torch.float64)  # rank 0: micro-batches of 3 and 5, rank 1: 4 and 4
+    shares = [[per_token[:3], per_token[3:8]], [per_token[8:12], per_token[12:]]]
+    averaged = sum(dist.loss_scale(len(m), 16, 2) * m.mean() for rank in shares for m in rank) / 2
+    assert averaged.item() == pytest.approx(per_token.mean().item(), rel=1e-15)
+
+
 def test_loss_scale_and_shares_are_identity_with_one_process():
     from prime_values import dist
 
     rows = list(range(5))
     assert dist.share(rows) == (rows, True)
-    assert dist.loss_scale(17) == 1.0
     assert dist.all_reduce_sum({"a": 1.5}) == {"a": 1.5}
     assert dist.broadcast("x") == "x"
 

@@ -15,15 +15,18 @@ from prime_values.log import (SCHEMA_VERSION, CorruptSegment, LogReader, NewerSc
                               apply_retention, per_token, read_segment, to_rows, to_table)
 from prime_values.log.segments import list_seqs
 
+import log_rows
+
 
 def rollout(i, n_tokens=8, shard="s0"):
     rng = np.random.default_rng(i)
     mask = (np.arange(n_tokens) >= n_tokens // 2).astype(np.int8)
-    return dict(rollout_id=f"{shard}-{i}", prompt_id=f"p{i // 2}", group_id=f"g{i // 2}", shard=shard,
-                policy_version=i // 4, token_ids=rng.integers(0, 1000, n_tokens).astype(np.int32).tolist(),
-                policy_mask=mask.tolist(), sampling_logprobs=(-rng.random(n_tokens) * mask).astype(np.float32).tolist(),
-                reward=float(i % 2), stop_reason="eos", privileged="answer: 42", task=json.dumps({"i": i}),
-                created_at=1.7e9 + i)
+    return log_rows.row(
+        "rollouts", rollout_id=f"{shard}-{i}", prompt_id=f"p{i // 2}", group_id=f"g{i // 2}", shard=shard,
+        policy_version=i // 4, token_ids=rng.integers(0, 1000, n_tokens).astype(np.int32).tolist(),
+        policy_mask=mask.tolist(), sampling_logprobs=(-rng.random(n_tokens) * mask).astype(np.float32).tolist(),
+        reward=float(i % 2), stop_reason="eos", privileged="answer: 42", task=json.dumps({"i": i}),
+        created_at=1.7e9 + i)
 
 
 def rows(start, n=3, shard="s0"):
@@ -393,3 +396,13 @@ def test_retention_deletes_only_what_every_consumer_passed(log):
     assert apply_retention(stream, cur, ["a", "b"], keep_last=0, max_age_s=0) == 3
     assert left() == [9]  # the newest always stays: it anchors a restarted writer's seq
     assert SegmentWriter(stream, "s0", "rollouts").next_seq == 10
+
+
+def test_fixture_rows_fill_every_field_of_each_schema():
+    """tests/log_rows.py: a row with no field given is a valid record of its stream; a misspelt field fails."""
+    from prime_values.log.records import SCHEMAS
+
+    for kind in SCHEMAS:
+        assert to_table(kind, [log_rows.row(kind)]).schema.names == SCHEMAS[kind].names
+    with pytest.raises(KeyError, match="stream 'rollouts' has no field 'rolout_id'"):
+        log_rows.row("rollouts", rolout_id="x")

@@ -17,16 +17,17 @@ from prime_values.monitor import MetricsTail
 from prime_values.roles.orchestrator import GroupJoin, batch_metrics, batch_rows, score_group, score_groups
 from prime_values.roles.policy_trainer import policy_lr
 
+import log_rows
 
-def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 2), version=0) -> dict:
-    return {"rollout_id": rid, "group_id": group, "policy_version": version, "reward": reward,
-            "token_ids": [*prompt, *response], "policy_mask": [0] * len(prompt) + [1] * len(response),
-            "sampling_logprobs": [0.0] * len(prompt) + [-0.5] * len(response), "privileged": "42"}
+
+def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 2), version=0, **fields) -> dict:
+    return log_rows.row("rollouts", rollout_id=rid, group_id=group, policy_version=version, reward=reward,
+                        token_ids=[*prompt, *response], policy_mask=[0] * len(prompt) + [1] * len(response),
+                        sampling_logprobs=[0.0] * len(prompt) + [-0.5] * len(response), privileged="42", **fields)
 
 
 def values_row(rid: str, values: list[float], version: int = 3) -> dict:
-    return {"rollout_id": rid, "critic_version": version, "values": values, "cut": False, "scored_at": 0.0,
-            "valued_tokens": len(values), "bootstrap_value": 0.0, "token_digest": 0}
+    return log_rows.row("values", rollout_id=rid, critic_version=version, values=values, valued_tokens=len(values))
 
 
 def test_group_waits_for_every_rollout_and_every_value():
@@ -322,6 +323,52 @@ def test_critic_step_with_each_value_loss(loss, clip, lambda_value):
     assert stats[-1]["value_loss"] < stats[0]["value_loss"]
 
 
+def test_critic_step_is_the_shared_optimizer_step_on_the_value_loss():
+    """critic_step = trainer.optimizer_step around the value loss: the same weights, statistics and clipped
+    gradient norm as the step written out by hand (forward, value_loss, backward, clip_grad_norm_, AdamW), bit for
+    bit; clipping, value clipping and recomputed λ-targets all on."""
+    from prime_values.algo.gae import explained_variance
+    from prime_values.algo.losses import value_loss, values_from_head
+    from prime_values.critic_io import critic_step, padded, value_targets
+    from prime_values.models import build_char_tokenizer, build_critic
+
+    cfg = OmegaConf.structured(Config)
+    cfg.critic.value_clip, cfg.critic.max_grad_norm, cfg.advantage.lambda_value = 0.1, 0.05, 0.5
+    tok = build_char_tokenizer()
+    rows = [{**rollout(f"r{i}", "g", float(i % 2), response=(7 + i % 2, 8, 2)[: 2 + i % 2]),
+             "values": [0.0, 0.0, .5, .4, .3][: 4 + i % 2], "value_targets": [0.0, 0.0] + [float(i % 2)] * (2 + i % 2)}
+            for i in range(4)]
+
+    def model_and_optimizer():
+        critic = build_critic(None, tok, seed=0, hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128)
+        return critic, torch.optim.AdamW(critic.parameters(), lr=1e-3)
+
+    def by_hand(critic, optimizer) -> dict:
+        inputs = CriticInputs.of(rows, tok, cfg.critic)
+        raw = inputs.values(critic, head=None)
+        values = values_from_head(raw, cfg.critic.loss).where(inputs.policy_mask, torch.zeros_like(raw))
+        targets = value_targets(rows, inputs, values, cfg)
+        old = padded(rows, "values", torch.float32, length=values.shape[1])
+        loss, stats = value_loss(raw, targets, inputs.policy_mask, kind=cfg.critic.loss, with_stats=True,
+                                 old_values=old, clip_range=cfg.critic.value_clip)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.critic.max_grad_norm).item()
+        optimizer.step()
+        return {"value_loss": loss.item(), "value_clip_fraction": stats["clip_fraction"],
+                "train_explained_variance": explained_variance(values.detach(), targets, inputs.policy_mask),
+                "value_mean": values.detach()[inputs.policy_mask].mean().item(),
+                "target_mean": targets[inputs.policy_mask].mean().item(), "grad_norm": norm}
+
+    shared, reference = model_and_optimizer(), model_and_optimizer()
+    for _ in range(3):
+        stats, expected = critic_step(*shared, rows, tok, cfg, "cpu"), by_hand(*reference)
+        assert stats == expected
+        assert stats["grad_norm"] > cfg.critic.max_grad_norm  # the clip is on (not vacuous)
+    for (name, a), b in zip(shared[0].named_parameters(), reference[0].parameters()):
+        assert torch.equal(a, b), name
+
+
 def test_offline_critic_warm_start_reads_the_newest_rollouts_of_an_earlier_run(tmp_path):
     import time as _time
 
@@ -334,8 +381,8 @@ def test_offline_critic_warm_start_reads_the_newest_rollouts_of_an_earlier_run(t
     earlier = RunDir(tmp_path / "earlier")
     with SegmentWriter(earlier.stream("rollouts"), "w0", "rollouts") as writer:
         for chunk in range(3):
-            writer.append([{**rollout(f"r{chunk}-{i}", f"g{chunk}", float(i % 2)), "prompt_id": "p", "shard": "w0",
-                            "stop_reason": "eos", "task": "{}", "created_at": _time.time()} for i in range(4)])
+            writer.append([rollout(f"r{chunk}-{i}", f"g{chunk}", float(i % 2), prompt_id="p", shard="w0",
+                                   stop_reason="eos", task="{}", created_at=_time.time()) for i in range(4)])
     run = RunDir(tmp_path / "now")
     run.mkdirs()
     cfg = OmegaConf.structured(Config)

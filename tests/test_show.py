@@ -17,33 +17,33 @@ from prime_values.log import SegmentWriter
 from prime_values.models.tokenizer import build_char_tokenizer
 from prime_values.tools.show import main, token_pieces, value_steps
 
+import log_rows
+
 REPO = Path(__file__).resolve().parents[1]
 HOSTILE = "<script>alert(1)</script>\x1b[31mred\u202e"
 
 
 def rollout(tok, rid, prompt, response, reward, privileged="3", policy_version=3, eos=True):
     p, r = tok.encode(prompt), tok.encode(response) + ([tok.eos_token_id] if eos else [])
-    return {"rollout_id": rid, "prompt_id": "p-" + rid, "group_id": "g0", "shard": "w0",
-            "policy_version": policy_version, "token_ids": p + r, "policy_mask": [0] * len(p) + [1] * len(r),
-            "sampling_logprobs": [0.0] * len(p) + [-0.5] * len(r), "reward": reward,
-            "stop_reason": "eos" if eos else "length", "privileged": privileged,
-            "task": '{"prompt": "%s", "answer": "3"}' % prompt, "created_at": 1.0}
+    return log_rows.row(
+        "rollouts", rollout_id=rid, prompt_id="p-" + rid, group_id="g0", shard="w0", policy_version=policy_version,
+        token_ids=p + r, policy_mask=[0] * len(p) + [1] * len(r), sampling_logprobs=[0.0] * len(p) + [-0.5] * len(r),
+        reward=reward, stop_reason="eos" if eos else "length", privileged=privileged,
+        task='{"prompt": "%s", "answer": "3"}' % prompt, created_at=1.0)
 
 
-def values_row(row, response_values, critic_version=7, valued=None):
-    n_prompt = row["policy_mask"].index(1)
+def values_row(r, response_values, critic_version=7, valued=None):
+    n_prompt = r["policy_mask"].index(1)
     values = [0.0] * n_prompt + response_values
-    return {"rollout_id": row["rollout_id"], "critic_version": critic_version, "values": values,
-            "cut": valued is not None, "valued_tokens": len(values) if valued is None else valued,
-            "bootstrap_value": 0.0, "token_digest": 0, "scored_at": 2.0}
+    return log_rows.row("values", rollout_id=r["rollout_id"], critic_version=critic_version, values=values,
+                        cut=valued is not None, valued_tokens=len(values) if valued is None else valued, scored_at=2.0)
 
 
-def batch_row(row, response_advantages, step=5, critic_version=7):
-    n_prompt = row["policy_mask"].index(1)
-    return {"step": step, "rollout_id": row["rollout_id"], "policy_version": row["policy_version"],
-            "critic_version": critic_version, "token_ids": row["token_ids"], "policy_mask": row["policy_mask"],
-            "sampling_logprobs": row["sampling_logprobs"],
-            "advantages": [0.0] * n_prompt + response_advantages, "reward": row["reward"]}
+def batch_row(r, response_advantages, step=5, critic_version=7):
+    n_prompt = r["policy_mask"].index(1)
+    same = ("rollout_id", "policy_version", "token_ids", "policy_mask", "sampling_logprobs", "reward")
+    return log_rows.row("batches", **{k: r[k] for k in same}, step=step, critic_version=critic_version,
+                        advantages=[0.0] * n_prompt + response_advantages)
 
 
 def make_run(root: Path, with_batches: bool = True) -> Path:

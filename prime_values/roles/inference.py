@@ -14,6 +14,7 @@ import time
 from prime_values.backends import make_backend
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
+from prime_values.rollout import sample_and_score, scored_replies
 from prime_values.rundir import write_atomic
 from prime_values.tasks import make_task
 from prime_values.tasks.pool import training_prompts
@@ -23,8 +24,6 @@ from prime_values.weights import latest_version
 def build_rows(problems, completions, prompt_ids, task, policy_version: int, shard: str, chunk: int,
                tokenizer) -> list[dict]:
     """Rollout records of sampled single replies (``models.sampling.Completion``), scored in one batch."""
-    from prime_values.rollout import scored_replies
-
     rollouts = scored_replies(task, tokenizer, problems, prompt_ids, completions)
     return env_rows(problems, rollouts, policy_version, shard, chunk)
 
@@ -59,7 +58,6 @@ def generate_rows(task, policy, tokenizer, problems, cfg, seed: int, policy_vers
     """Sample and score one chunk: ``group_size`` rollouts per problem (``rollout.sample_and_score``:
     episodes for a task that drives its own turns, one reply per rollout otherwise). ``policy`` is an inference
     backend (``prime_values.backends``: hf or vllm) or a bare transformers model."""
-    from prime_values.rollout import sample_and_score
 
     inf = cfg.inference
     rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=inf.group_size,

@@ -52,8 +52,9 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
             else:
                 loss, stats = ppo_clip_loss(logprobs, sampling, advantages, mask, clip_low=pcfg.clip_low,
                                             clip_high=pcfg.clip_high, kl_coef=pcfg.kl_coef)
-            weight = mask.sum().item() / max(total_tokens, 1) * real  # token-level aggregation across micro-batches
-            (loss * (weight * world)).backward()  # x world: FSDP averages the ranks' gradients
+            tokens = mask.sum().item() * real  # a stand-in share (not real) counts no tokens
+            weight = tokens / max(total_tokens, 1)  # token-level aggregation across micro-batches and ranks
+            (loss * dist.loss_scale(tokens, total_tokens, world)).backward()
             for key, value in {"loss": loss.item(), **stats}.items():
                 stats_sum[key] = stats_sum.get(key, 0.0) + value * weight
         return dist.all_reduce_sum(stats_sum)

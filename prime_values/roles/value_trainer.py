@@ -179,8 +179,9 @@ def main(run_dir: str) -> None:
         for steps, (batch, publish_now) in enumerate(trainer.batches(source), 1):
             began = time.time()
             with timers.time("compute"):
-                stats = critic_step(trainer.model, trainer.optimizer, dist.share(batch)[0], trainer.tokenizer, cfg,
-                                    trainer.device)
+                rows, real = dist.share(batch)
+                stats = critic_step(trainer.model, trainer.optimizer, rows, trainer.tokenizer, cfg, trainer.device,
+                                    real)
                 average.update()
             step_s = time.time() - began
             if publish_now:  # critic.weight_average: the averaged weights are the version

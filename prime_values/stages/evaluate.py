@@ -17,6 +17,7 @@ import json
 import time
 from math import comb
 
+from prime_values.rollout import sample_and_score
 from prime_values.rundir import write_atomic
 from prime_values.stages.common import StageContext
 from prime_values.tasks import make_task
@@ -56,7 +57,6 @@ def main(run_dir: str) -> dict:
 
     from prime_values.models import load_policy
     from prime_values.models.tokenizer import ensure_pad_token
-    from prime_values.rollout import sample_and_score
     ctx = StageContext(run_dir, "eval", "inference_device")
     cfg, ev, began = ctx.cfg, ctx.cfg.eval, time.time()
     max_new = ev.max_new_tokens or cfg.inference.max_new_tokens

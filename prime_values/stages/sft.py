@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from prime_values.log import LogReader, to_rows
+from prime_values.rollout import greedy_accuracy
 from prime_values.rundir import RunDir
 from prime_values.stages.common import StageContext
 from prime_values.tasks import make_task
@@ -212,7 +213,6 @@ def main(run_dir: str) -> dict:
 
     from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, save_model
     from prime_values.models.tokenizer import ensure_pad_token
-    from prime_values.rollout import greedy_accuracy
 
     ctx = StageContext(run_dir, "sft", "policy_trainer_device")
     cfg, sft, began = ctx.cfg, ctx.cfg.sft, time.time()

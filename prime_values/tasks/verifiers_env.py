@@ -57,6 +57,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from prime_values.rollout import EnvRollout
+
 from .arith import Problem
 
 log = logging.getLogger(__name__)
@@ -335,23 +337,6 @@ class _Seat:
             yield interaction
         finally:
             await interaction.close()
-
-
-@dataclass
-class EnvRollout:
-    """One finished, scored episode, as the inference role records it (``rollout.sample_and_score`` gives
-    a single-reply task's rollouts the same shape: one turn)."""
-
-    prompt_index: int
-    token_ids: list[int]
-    policy_mask: list[int]
-    logprobs: list[float]
-    reward: float
-    stop_reason: str  # eos | length | env_done | error
-    text: str  # the policy's replies, joined
-    turns: int = 0
-    rewards: dict = field(default_factory=dict)
-    error: str | None = None
 
 
 class _EpisodeRunner:
