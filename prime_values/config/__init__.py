@@ -31,10 +31,10 @@ from prime_values.config.task import (TASK_CONFIGS, ArithTaskConfig, MathTaskCon
 from prime_values.config.topology import TopologyConfig
 from prime_values.config.wandb import WANDB_MODES, WandbConfig, check_wandb
 
-__all__ = ["AdvantageConfig", "ArithTaskConfig", "CHECKS", "STAGES", "Config", "ConfigError", "CriticConfig",
+__all__ = ["AdvantageConfig", "ArithTaskConfig", "CHECKS", "Config", "ConfigError", "CriticConfig",
            "CriticWarmStartConfig", "DOC_HEADER", "EvalConfig", "InferenceConfig", "LauncherConfig", "LogConfig",
            "LoraSettings", "MISSING", "MathTaskConfig", "PolicyConfig", "ReasoningGymTaskConfig", "ReplayConfig",
-           "Resolved", "ReverseTextTaskConfig", "SFTConfig", "ScheduleConfig", "TASK_CONFIGS", "TaskConfig",
+           "Resolved", "ReverseTextTaskConfig", "SFTConfig", "STAGES", "ScheduleConfig", "TASK_CONFIGS", "TaskConfig",
            "TinyArch", "TopologyConfig", "VerifiersTaskConfig", "WANDB_MODES", "WandbConfig", "WarmStartConfig",
            "WarmupConfig", "check_fields", "check_stages", "check_wandb", "choice", "configuration_doc", "derive",
            "field_docs", "free", "load_saved", "markdown_reference", "plan", "prepare", "ranged", "register",
