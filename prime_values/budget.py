@@ -104,19 +104,19 @@ class CharTokens:
         return [0] * len(text)
 
 
-def check_embedded_budget(cfg) -> dict | None:
+def check_embedded_budget(cfg, uses_critic: bool = True) -> dict | None:
     """`check_budget` for the embedded model (policy.model=tiny) on a procedural task, exactly and cheaply: the
     task's longest prompt and longest answer in characters (each character one token; the privileged context of a
-    procedural task is its answer), inference.max_new_tokens within policy.arch.max_position_embeddings, and
-    critic.max_length. None for another model (check_run_budget) or a task without those lengths (data sets,
-    environments). Raises BudgetError (one line)."""
+    procedural task is its answer), inference.max_new_tokens within policy.arch.max_position_embeddings, and, when
+    the run has a critic (`uses_critic`), critic.max_length. None for another model (check_run_budget) or a task
+    without those lengths (data sets, environments). Raises BudgetError (one line)."""
     if str(cfg.policy.model) != "tiny" or not hasattr(TASKS.get(cfg.task.name), "max_prompt_chars"):
         return None
     task = make_task(**cfg.task)  # a procedural task: built in milliseconds
     ccfg = cfg.critic
     return check_budget(CharTokens, ["x" * task.max_prompt_chars()], cfg.inference.max_new_tokens,
                         model_max_length=cfg.policy.arch.max_position_embeddings,
-                        critic_max_length=ccfg.max_length,
+                        critic_max_length=ccfg.max_length if uses_critic else None,
                         privileged=["x" * task.max_answer_chars()] if ccfg.privileged else None,
                         template=ccfg.template, positions_key="policy.arch.max_position_embeddings",
                         response_tokens=task.max_answer_chars() + 1)

@@ -189,6 +189,39 @@ def test_every_experiment_is_valid_on_its_own():
         assert precheck([f"+experiment={experiment}"]) is None, experiment
 
 
+def test_the_embedded_budget_counts_the_longest_problem_as_the_char_tokenizer_does():
+    """check_embedded_budget's lengths come from the task's settings (max_prompt_chars, max_answer_chars): they are
+    the char tokenizer's token counts of the longest problem the task can draw."""
+    from omegaconf import OmegaConf
+
+    from prime_values.budget import check_embedded_budget
+    from prime_values.config import ArithTaskConfig, ReverseTextTaskConfig, schema
+    from prime_values.models.tokenizer import build_char_tokenizer
+    from prime_values.tasks import ArithTask, ReverseTextTask
+
+    tokenizer = build_char_tokenizer()
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    cfg = schema(ArithTaskConfig)
+    cfg.task.digits, cfg.task.operands, cfg.task.ops = 3, 3, "+-*"
+    task = ArithTask(digits=3, operands=3, ops="+-*")
+    longest = task.make_problem([999, 999, 999], ["*", "*"])
+    figures = check_embedded_budget(cfg)
+    assert figures["longest_prompt"] == count(longest.prompt) == task.max_prompt_chars()
+    assert count(longest.answer) <= task.max_answer_chars()
+    assert figures["longest_block"] == count(cfg.critic.template.format(privileged="9" * task.max_answer_chars()))
+    cfg = OmegaConf.merge(schema(ReverseTextTaskConfig), {"task": {"max_chars": 7}})
+    assert check_embedded_budget(cfg)["longest_prompt"] == count(ReverseTextTask(3, 7).make_problem("z" * 7).prompt)
+    cfg.policy.model = "/some/model"
+    assert check_embedded_budget(cfg) is None  # a real model's budget needs its tokenizer (check_run_budget)
+
+
+def test_a_run_without_a_critic_is_not_held_to_critic_max_length():
+    assert precheck(["+experiment=arith", "advantage=grpo", "critic.max_length=1"]) is None
+
+
 def test_from_run_without_a_rollout_log(tmp_path):
     line = precheck(["+experiment=arith", f"critic.warm_start.from_run={tmp_path}"])
     assert line is not None and "critic.warm_start.from_run" in line and "has no log/rollouts" in line

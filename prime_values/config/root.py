@@ -14,7 +14,7 @@ from prime_values.config.advantage import AdvantageConfig
 from prime_values.budget import BudgetError, check_embedded_budget
 from prime_values.config.base import ConfigError, check_fields, free, ranged, reported
 from prime_values.config.critic import CriticConfig
-from prime_values.config.derived import Resolved, resolve
+from prime_values.config.derived import Resolved, derive, resolve
 from prime_values.config.inference import InferenceConfig
 from prime_values.config.launcher import LauncherConfig
 from prime_values.config.log import LogConfig
@@ -181,7 +181,7 @@ def _check_budget(cfg, environment: bool) -> None:
     """The embedded model's token budgets (prime_values/budget.py; a local model's are checked once its tokenizer
     is at hand, before the jobs start)."""
     with reported(BudgetError):
-        check_embedded_budget(cfg)
+        check_embedded_budget(cfg, uses_critic=derive(cfg)["uses_critic"])  # resolved.* is derived later
 
 
 def _check_lora(cfg, environment: bool) -> None:

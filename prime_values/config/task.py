@@ -61,14 +61,14 @@ class ArithTaskConfig(TaskConfig):
 
     name: str = choice("arith", *TASK_NAMES)
     digits: int = free(2, "1..9: prime_values/tasks/arith.py check_settings (ArithTaskConfig.check builds the task)")
-    """digits per operand (each operand uniform in [0, 10**digits))"""
+    """digits per operand, 1..9 (each operand uniform in [0, 10**digits))"""
     min_digits: int = free(0, "0..digits: prime_values/tasks/arith.py check_settings")
     """arith: 0 = off; else each operand draws its digit count uniformly from min_digits..digits first, so every
     difficulty comes in equal shares (1..digits: one-digit problems as common as the longest ones)"""
     operands: int = free(2, ">= 2: prime_values/tasks/arith.py check_settings")
-    """numbers per problem"""
+    """numbers per problem, >= 2"""
     ops: str = "+"
-    """operators drawn from, any of '+-*'"""
+    """operators drawn from, any non-empty subset of '+-*'"""
     show_work: bool = False
     """arith: the answer is every running result left to right, comma-separated ('12+34+56=' -> '46,102'),
     and the privileged critic sees that worked solution (needs operands >= 3 to matter; ops from '+-')"""
