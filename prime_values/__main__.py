@@ -98,7 +98,6 @@ def precheck(argv: list[str]) -> str | None:
     from hydra import compose, initialize_config_dir
 
     from prime_values.config import register, validate
-    from prime_values.stages import validate_stages
 
     register()
     overrides = []
@@ -108,7 +107,6 @@ def precheck(argv: list[str]) -> str | None:
             cfg = compose(config_name="config", overrides=overrides)
         environment = not any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv)
         validate(cfg, environment=environment)
-        validate_stages(cfg, environment=environment)
     except Exception as error:  # every user-caused problem becomes one line
         return explain(error, _composed_without(error, overrides))
     return None

@@ -1,15 +1,17 @@
-"""Token budgets of a real tokenizer, checked before any job starts (one line each).
+"""Token budgets, checked before any job starts (one line each).
 
 With the embedded character model a prompt is a handful of tokens; with a real model's chat template the prompt
 alone is ~40 tokens (SmolLM2's system turn) and a budget chosen for the tiny model can leave no room for the
-response. `check_budget` measures the longest prompt a task renders and says which key to raise."""
+response. `check_budget` measures the longest prompt a task renders and says which key to raise: for the embedded
+model in the config check (`check_embedded_budget`: one token per character, the task's longest prompt and
+answer known exactly), for a local model before the jobs start (`check_run_budget`: its tokenizer)."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
-from prime_values.tasks import make_task
+from prime_values.tasks import TASKS, make_task
 
 
 class BudgetError(ValueError):
@@ -23,16 +25,18 @@ def prompt_lengths(tokenizer, prompts: list[str]) -> list[int]:
 
 def check_budget(tokenizer, prompts: list[str], max_new_tokens: int, *, model_max_length: int | None = None,
                  critic_max_length: int | None = None, privileged: list[str] | None = None,
-                 template: str = "{privileged}") -> dict:
+                 template: str = "{privileged}", positions_key: str | None = None, response_tokens: int = 1) -> dict:
     """Check that the longest of `prompts` leaves room for a response:
 
     - prompt + inference.max_new_tokens within the model's positions (`model_max_length`, e.g. the config's
       max_position_embeddings): else generation runs past what the model was trained on (vLLM refuses it);
-    - prompt + privileged block + at least one response token within critic.max_length (`critic_max_length`):
-      else every trace is cut before its first policy token and the critic values nothing.
+    - prompt + privileged block + `response_tokens` within critic.max_length (`critic_max_length`): else every
+      trace is cut before its first policy token and the critic values nothing (1, the default), or the longest
+      correct reply is cut (the embedded model: the longest answer and its eos).
 
     Returns {"longest_prompt", "longest_block", "full_trace"}: "full_trace" = prompt + block + max_new_tokens, the
-    critic.max_length that never cuts a trace. Raises BudgetError (one line)."""
+    critic.max_length that never cuts a trace. `positions_key`: the key that sets the model's positions, named in
+    the message (the embedded model's policy.arch.max_position_embeddings). Raises BudgetError (one line)."""
     if not prompts:
         return {"longest_prompt": 0, "longest_block": 0, "full_trace": max_new_tokens}
     longest = max(prompt_lengths(tokenizer, prompts))
@@ -43,12 +47,16 @@ def check_budget(tokenizer, prompts: list[str], max_new_tokens: int, *, model_ma
     if model_max_length is not None and longest + max_new_tokens > model_max_length:
         fix = (f"lower inference.max_new_tokens to <= {model_max_length - longest}" if longest < model_max_length
                else "shorten the prompts (the longest alone fills the model)")
+        positions = f"{positions_key}={model_max_length}" if positions_key else \
+            f"the model's {model_max_length} positions"
         raise BudgetError(f"inference.max_new_tokens={max_new_tokens} plus the longest prompt ({longest} tokens) "
-                          f"exceeds the model's {model_max_length} positions; {fix}")
-    if critic_max_length is not None and longest + block + 1 > critic_max_length:
+                          f"exceeds {positions}; {fix}")
+    if critic_max_length is not None and longest + block + response_tokens > critic_max_length:
+        reply = "one response token: every trace would be cut before the critic sees a response" \
+            if response_tokens == 1 else f"the longest answer and its eos ({response_tokens}): the longest correct " \
+                                         "replies would be cut"
         raise BudgetError(f"critic.max_length={critic_max_length} cannot hold the longest prompt ({longest} tokens) "
-                          f"plus the privileged block ({block}) and one response token: every trace would be cut "
-                          f"before the critic sees a response; raise critic.max_length to >= "
+                          f"plus the privileged block ({block}) and {reply}; raise critic.max_length to >= "
                           f"{longest + block + max_new_tokens} (prompt + block + inference.max_new_tokens)")
     return {"longest_prompt": longest, "longest_block": block, "full_trace": longest + block + max_new_tokens}
 
@@ -85,3 +93,30 @@ def check_run_budget(cfg, sample: int = 64) -> dict | None:
                         model_max_length=positions, critic_max_length=ccfg.max_length,
                         privileged=[p.privileged for p in problems] if ccfg.privileged else None,
                         template=ccfg.template)
+
+
+class CharTokens:
+    """The embedded model's character tokenizer, counted without building it (prime_values/models/tokenizer.py:
+    every character is one token, nothing is added)."""
+
+    @staticmethod
+    def encode(text: str, add_special_tokens: bool = False) -> list[int]:
+        return [0] * len(text)
+
+
+def check_embedded_budget(cfg, uses_critic: bool = True) -> dict | None:
+    """`check_budget` for the embedded model (policy.model=tiny) on a procedural task, exactly and cheaply: the
+    task's longest prompt and longest answer in characters (each character one token; the privileged context of a
+    procedural task is its answer), inference.max_new_tokens within policy.arch.max_position_embeddings, and, when
+    the run has a critic (`uses_critic`), critic.max_length. None for another model (check_run_budget) or a task
+    without those lengths (data sets, environments). Raises BudgetError (one line)."""
+    if str(cfg.policy.model) != "tiny" or not hasattr(TASKS.get(cfg.task.name), "max_prompt_chars"):
+        return None
+    task = make_task(**cfg.task)  # a procedural task: built in milliseconds
+    ccfg = cfg.critic
+    return check_budget(CharTokens, ["x" * task.max_prompt_chars()], cfg.inference.max_new_tokens,
+                        model_max_length=cfg.policy.arch.max_position_embeddings,
+                        critic_max_length=ccfg.max_length if uses_critic else None,
+                        privileged=["x" * task.max_answer_chars()] if ccfg.privileged else None,
+                        template=ccfg.template, positions_key="policy.arch.max_position_embeddings",
+                        response_tokens=task.max_answer_chars() + 1)

@@ -19,8 +19,8 @@ import time
 
 from omegaconf import OmegaConf
 
-from prime_values.config import load_saved, resolve, validate
-from prime_values.launch import DEVICE_KEYS, make_executor, resolve_devices
+from prime_values.config import load_saved, prepare as prepare_config
+from prime_values.launch import make_executor
 from prime_values.launch.zygote import ZygoteClient
 from prime_values.rundir import RunDir, write_atomic
 from prime_values.submitter import stop_reason, submit_pipeline
@@ -33,23 +33,17 @@ from prime_values.weights import latest_version
 
 
 def prepare(cfg, output_dir: str | None = None) -> tuple[RunDir, object, ZygoteClient | None]:
-    """Validate, create the run directory (`output_dir`, else Hydra's), resolve 'auto' devices and save the config;
-    a local attached run's fork server starts last, once nothing here can fail any more (none leaks from a
-    failed prepare)."""
+    """The run directory (`output_dir`, else Hydra's) holding the config `config.prepare` made (validated, 'auto'
+    devices resolved, resolved.* derived); a local attached run's fork server starts last, once nothing here can
+    fail any more (none leaks from a failed prepare)."""
     if output_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
         output_dir = HydraConfig.get().runtime.output_dir
-    validate(cfg)  # again here: multirun jobs come through here with their own values
+    cfg = prepare_config(cfg)  # validated first: a bad config leaves no run directory
     run = RunDir(output_dir)
     run.mkdirs()
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    if any(cfg.topology[key] == "auto" for key in DEVICE_KEYS):  # an all-CPU run never imports torch here
-        import torch
-
-        resolve_devices(cfg.topology, torch.cuda.device_count())
-    resolve(cfg)  # the derived facts (resolved.*), once: the roles and tools read them from config.yaml
-    write_atomic(run.config, OmegaConf.to_yaml(cfg))
+    write_atomic(run.config, OmegaConf.to_yaml(cfg))  # the roles and tools read it (load_saved)
     if run.stop_requested():
         run.stop_file.unlink()  # a rerun in the same directory resumes
     run.register_conductor(watch=cfg.launcher.name == "local")

@@ -50,21 +50,17 @@ def env_for_runs(extra: dict | None = None) -> dict:
 
 
 def compose(overrides: list[str]):
-    """The resolved config `python -m prime_values <overrides>` would save to a run's config.yaml (on CPU)."""
+    """The config `python -m prime_values <overrides>` would save to a run's config.yaml on a machine without GPUs
+    (`config.prepare`, as the conductor and the stages prepare theirs)."""
     from hydra import compose as hydra_compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from prime_values import config
     from prime_values.__main__ import CONF_DIR
-    from prime_values.launch import resolve_devices
 
     config.register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name="config", overrides=overrides)
-    config.validate(cfg, cuda_count=0)
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    resolve_devices(cfg.topology, 0)
-    return config.resolve(cfg)  # resolved.*: as the conductor saves them
+    return config.prepare(cfg, cuda_count=0)
 
 
 def checkpoint() -> Path:

@@ -95,6 +95,31 @@ CORPUS = [
     (["task.ops=+/"], "task.ops", "use characters from '+-*'"),
     (["task.min_digits=3"], "task.min_digits=3", "must be in 0..task.digits (2)"),
     (["task.digits=1", "task.heldout_size=10", "task.train_pool=500"], "task.train_pool=500", "only 90 distinct"),
+    # the task's own rules (prime_values/tasks/arith.py check_settings), checked by building it
+    (["task.digits=10"], "task.digits=10", "set task.digits (digits per operand) to 1..9"),
+    (["task.operands=1"], "task.operands=1", "set task.operands=2 or more"),
+    (["task.ops=''"], "task.ops=''", "any of '+-*'"),
+    (["task.show_work=true", "task.ops=+*", "task.operands=3"], "task.show_work=true", "task.ops from '+-'"),
+    (["task.digits=1", "task.heldout_size=60"], "heldout_size 60", "exceeds half of the 100 possible problems"),
+    # the embedded model's token budgets (prime_values/budget.py check_embedded_budget)
+    (["critic.max_length=1"], "critic.max_length=1", "raise critic.max_length to >= 18"),
+    (["critic.max_length=12"], "critic.max_length=12", "the longest correct replies would be cut"),
+    (["policy.arch.max_position_embeddings=12", "critic.max_length=12"], "policy.arch.max_position_embeddings=12",
+     "lower inference.max_new_tokens to <= 6"),
+    # the stages' rules (prime_values/config/stages.py)
+    (["stages=[sft,foo]"], "stages[1]='foo'", "list stages from sft, rl, eval"),
+    (["stages=[rl,rl]"], "runs 'rl' twice", "list each stage once"),
+    (["stage=train"], "stage='train'", "choose one of sft, rl, eval"),
+    (["stages=[]"], "stages is empty", "e.g. stages=[rl,eval]"),
+    (["launcher.detach=true", "stages=[rl,eval]"], "launcher.detach=true", "detach `stage=rl`"),
+    (["stage=eval"], "stage=eval", "set policy.model=<a from_pretrained directory"),
+    (["stages=[eval]"], "stages starting with eval", "set policy.model="),
+    (["stages=[sft,rl]"], "sft.data=task", "sft.from_run=<run dir>"),
+    (["stages=[sft,rl]", "sft.data=task", "sft.from_run=/x"], "sft.data='task' and sft.from_run='/x'", "keep one"),
+    (["stages=[sft,rl]", "sft.from_run=/nonexistent/run"], "sft.from_run='/nonexistent/run'",
+     "point it at the run directory"),
+    (["stages=[sft,rl]", "sft.data=/nonexistent/sft.jsonl"], "sft.data", "pass a local .jsonl/.parquet path"),
+    (["eval.k=[1,16]"], "eval.k contains 16", "raise eval.samples or drop 16"),
     (["launcher.name=k8s"], "launcher.name", "choose one of"),
     (["inference.backend=tgi"], "inference.backend", "choose one of"),
     # unknown group options
@@ -139,6 +164,64 @@ def test_bad_config_fails_before_launch_in_one_line(overrides, key, fix):
     assert fix in line, line
 
 
+# (experiment, overrides, the key the line must name, a fragment of the fix): the other tasks' rules
+OTHER_TASKS = [
+    ("reverse_text", ["task.min_chars=0"], "min_chars", "need 1 <= min_chars <= max_chars"),
+    ("reverse_text", ["task.alphabet='a|b'"], "alphabet", "other than '|'"),
+    ("reverse_text", ["inference.max_new_tokens=8"], "inference.max_new_tokens=8", "raise it above task.max_chars"),
+    ("reverse_text", ["critic.max_length=20"], "critic.max_length=20", "raise critic.max_length to >= 35"),
+    ("math", ["task.prompt_template=solve"], "task.prompt_template='solve'", "must contain '{question}'"),
+    ("arith_chain", ["task.ops=+*"], "task.show_work=true", "task.ops from '+-'"),
+    ("arith_work", ["task.operands=1"], "task.operands=1", "set task.operands=2 or more"),
+]
+
+
+@pytest.mark.parametrize("experiment, overrides, key, fix", OTHER_TASKS,
+                         ids=[f"{c[0]} {' '.join(c[1])}" for c in OTHER_TASKS])
+def test_other_task_rules_fail_before_launch_in_one_line(experiment, overrides, key, fix):
+    line = precheck([f"+experiment={experiment}", *overrides])
+    assert line is not None, f"{experiment} {overrides} was accepted"
+    assert "\n" not in line and key in line and fix in line, line
+
+
+def test_every_experiment_is_valid_on_its_own():
+    for experiment in ("arith", "arith_work", "arith_chain", "reverse_text", "smollm"):
+        assert precheck([f"+experiment={experiment}"]) is None, experiment
+
+
+def test_the_embedded_budget_counts_the_longest_problem_as_the_char_tokenizer_does():
+    """check_embedded_budget's lengths come from the task's settings (max_prompt_chars, max_answer_chars): they are
+    the char tokenizer's token counts of the longest problem the task can draw."""
+    from omegaconf import OmegaConf
+
+    from prime_values.budget import check_embedded_budget
+    from prime_values.config import ArithTaskConfig, ReverseTextTaskConfig, schema
+    from prime_values.models.tokenizer import build_char_tokenizer
+    from prime_values.tasks import ArithTask, ReverseTextTask
+
+    tokenizer = build_char_tokenizer()
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    cfg = schema(ArithTaskConfig)
+    cfg.task.digits, cfg.task.operands, cfg.task.ops = 3, 3, "+-*"
+    task = ArithTask(digits=3, operands=3, ops="+-*")
+    longest = task.make_problem([999, 999, 999], ["*", "*"])
+    figures = check_embedded_budget(cfg)
+    assert figures["longest_prompt"] == count(longest.prompt) == task.max_prompt_chars()
+    assert count(longest.answer) <= task.max_answer_chars()
+    assert figures["longest_block"] == count(cfg.critic.template.format(privileged="9" * task.max_answer_chars()))
+    cfg = OmegaConf.merge(schema(ReverseTextTaskConfig), {"task": {"max_chars": 7}})
+    assert check_embedded_budget(cfg)["longest_prompt"] == count(ReverseTextTask(3, 7).make_problem("z" * 7).prompt)
+    cfg.policy.model = "/some/model"
+    assert check_embedded_budget(cfg) is None  # a real model's budget needs its tokenizer (check_run_budget)
+
+
+def test_a_run_without_a_critic_is_not_held_to_critic_max_length():
+    assert precheck(["+experiment=arith", "advantage=grpo", "critic.max_length=1"]) is None
+
+
 def test_from_run_without_a_rollout_log(tmp_path):
     line = precheck(["+experiment=arith", f"critic.warm_start.from_run={tmp_path}"])
     assert line is not None and "critic.warm_start.from_run" in line and "has no log/rollouts" in line
@@ -162,6 +245,7 @@ def test_slurm_without_partition():
     (["replay.capasity=10"], "replay.capasity"),
     (["topology.inference_device=cuda:3"], "topology.inference_device"),
     (["schedule.max_off_policy=-1"], "schedule.max_off_policy"),
+    (["task.digits=10"], "task.digits=10"),
 ])
 def test_real_command_exits_2_with_one_line_and_no_run_dir(tmp_path, overrides, key):
     run_dir = tmp_path / "run"

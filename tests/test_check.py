@@ -245,6 +245,15 @@ def test_too_stale_rollout_in_a_batch(tmp_path):
                             "admissible is 0..0")
 
 
+def test_an_old_lockstep_run_is_checked_against_the_bound_it_enforced(tmp_path):
+    """A config.yaml saved before resolved.* existed: the loader (config.load_saved) derives the bound, 0 under
+    lockstep whatever schedule.max_off_policy says; a recorded resolved.max_off_policy is read as it is."""
+    root = make_run(tmp_path / "old", config={"schedule.mode": "lockstep"}).root
+    only(root, "staleness", "from policy version 1 is 1 steps stale; admissible is 0..0")
+    recorded = make_run(tmp_path / "new", config={"schedule.mode": "lockstep", "resolved.max_off_policy": 1}).root
+    assert violations(recorded) == []
+
+
 def test_batch_rollout_missing_from_the_log(tmp_path):
     def stranger(step, rows):
         if step == 3:

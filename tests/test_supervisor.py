@@ -299,7 +299,7 @@ def test_the_fork_server_starts_last_and_never_outlives_a_failed_conductor(tmp_p
     def broken(_cfg):
         raise RuntimeError("the derived facts could not be computed")
 
-    monkeypatch.setattr(conductor, "resolve", broken)
+    monkeypatch.setattr(conductor, "prepare_config", broken)
     with pytest.raises(RuntimeError, match="derived facts"):
         conductor.prepare(cfg, str(tmp_path / "a"))
     assert started == []  # it had not started: nothing to leak

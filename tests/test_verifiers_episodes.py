@@ -119,7 +119,7 @@ def test_critic_warm_start_samples_episodes(follow_up, tiny):
 def test_eval_stage_reports_avg_and_pass_at_k_of_episodes(follow_up, tiny, tmp_path):
     from prime_values.models import save_model
     from prime_values.stages import evaluate
-    from prime_values.stages.common import resolved_config
+    from prime_values.config import prepare
 
     tokenizer, model = tiny
     cfg, _, expected = follow_up
@@ -127,7 +127,7 @@ def test_eval_stage_reports_avg_and_pass_at_k_of_episodes(follow_up, tiny, tmp_p
     cfg.policy.model, cfg.eval.samples, cfg.eval.k, cfg.eval.temperature = str(tmp_path / "model"), 3, [1, 3], 1.0
     cfg.eval.max_new_tokens = 4
     (tmp_path / "run" / "stages" / "eval").mkdir(parents=True)
-    (tmp_path / "run" / "stages" / "eval" / "config.yaml").write_text(OmegaConf.to_yaml(resolved_config(cfg)))
+    (tmp_path / "run" / "stages" / "eval" / "config.yaml").write_text(OmegaConf.to_yaml(prepare(cfg)))
     evaluate.main(str(tmp_path / "run"))
     results = json.loads((tmp_path / "run" / "stages" / "eval" / "results.json").read_text())
     assert [p["correct"] for p in results["per_prompt"]] == [3 * r for r in expected]

@@ -6,8 +6,9 @@ documentation (CleanRL style), and `docs/configuration.md` is generated from the
 A field's rules sit beside it as metadata (`base.choice`, `base.ranged`), checked generically; each section's
 cross-field checks are a `check(cfg, environment)` beside its fields. Hydra composes the YAML groups under `conf/`
 on top of `Config` (and of the task's own class, `task.py`), so an unknown key or a wrong type fails at
-composition time; `validate` runs the rules and checks. The facts derived from the keys (`derived.py`) are
-resolved once when the run is prepared and saved with it.
+composition time; `validate` runs every rule and check (`CHECKS` in root.py: the sections', the task's, the
+embedded model's token budgets, the stages'), and `prepare` makes the config a run saves. The facts derived from
+the keys (`derived.py`) are resolved once when the run is prepared and saved with it.
 """
 
 from omegaconf import MISSING  # noqa: F401  (re-exported for conf authors)
@@ -22,9 +23,9 @@ from prime_values.config.launcher import LauncherConfig
 from prime_values.config.log import LogConfig
 from prime_values.config.policy import LoraSettings, PolicyConfig, TinyArch, WarmStartConfig
 from prime_values.config.replay import ReplayConfig
-from prime_values.config.root import CHECKS, Config, load_saved, register, schema, task_class, validate
+from prime_values.config.root import CHECKS, Config, load_saved, prepare, register, schema, task_class, validate
 from prime_values.config.schedule import ScheduleConfig
-from prime_values.config.stages import EvalConfig, SFTConfig
+from prime_values.config.stages import STAGES, EvalConfig, SFTConfig, check_stages, plan
 from prime_values.config.task import (TASK_CONFIGS, ArithTaskConfig, MathTaskConfig, ReasoningGymTaskConfig,
                                       ReverseTextTaskConfig, TaskConfig, VerifiersTaskConfig)
 from prime_values.config.topology import TopologyConfig
@@ -33,8 +34,8 @@ from prime_values.config.wandb import WANDB_MODES, WandbConfig, check_wandb
 __all__ = ["AdvantageConfig", "ArithTaskConfig", "CHECKS", "Config", "ConfigError", "CriticConfig",
            "CriticWarmStartConfig", "DOC_HEADER", "EvalConfig", "InferenceConfig", "LauncherConfig", "LogConfig",
            "LoraSettings", "MISSING", "MathTaskConfig", "PolicyConfig", "ReasoningGymTaskConfig", "ReplayConfig",
-           "Resolved", "ReverseTextTaskConfig", "SFTConfig", "ScheduleConfig", "TASK_CONFIGS", "TaskConfig",
+           "Resolved", "ReverseTextTaskConfig", "SFTConfig", "STAGES", "ScheduleConfig", "TASK_CONFIGS", "TaskConfig",
            "TinyArch", "TopologyConfig", "VerifiersTaskConfig", "WANDB_MODES", "WandbConfig", "WarmStartConfig",
-           "WarmupConfig", "check_fields", "check_wandb", "choice", "configuration_doc", "derive", "field_docs",
-           "free", "load_saved", "markdown_reference", "ranged", "register", "resolve", "schema", "task_class",
-           "validate"]
+           "WarmupConfig", "check_fields", "check_stages", "check_wandb", "choice", "configuration_doc", "derive",
+           "field_docs", "free", "load_saved", "markdown_reference", "plan", "prepare", "ranged", "register",
+           "resolve", "schema", "task_class", "validate"]

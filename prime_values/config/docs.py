@@ -54,6 +54,14 @@ Generated from the dataclass docstrings in `prime_values/config/` (one module pe
 choose presets; any key can be overridden on the command line, e.g.
 `python -m prime_values +experiment=arith policy.lr=5e-4 topology=colocated`.
 
+Validation lives in `prime_values/config/`: `config.validate` runs, before any job starts (and for each multirun
+point), every key's bounds or choices, then `CHECKS` (`config/root.py`): each section's cross-field checks, the
+task's own rules (the task's `check_settings`, or the task built outright), the embedded model's token budgets
+(`prime_values/budget.py`) and the stages' rules (`config/stages.py`). A local model's token budgets need its
+tokenizer: they are checked just before the first job. `config.prepare` makes the config a run saves
+(interpolations and 'auto' devices resolved, `resolved.*` derived) for the conductor, the stages and the tests;
+tools read a saved run with `config.load_saved`, which derives the `resolved.*` facts an older run lacks.
+
 | key | default | meaning |
 |---|---|---|"""
 

@@ -1,5 +1,6 @@
 """The root of the schema (`Config`: the run-wide keys and one section per module of this package), its
-registration with Hydra, `validate` (each section's rules and checks in turn) and `load_saved`."""
+registration with Hydra, `validate` (each section's rules and checks in turn: `CHECKS`), `prepare` (the config a
+run saves) and `load_saved` (a saved one, on the current schema)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,22 @@ from typing import List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from prime_values.config.advantage import AdvantageConfig
-from prime_values.config.base import ConfigError, check_fields, free, ranged
+from prime_values.budget import BudgetError, check_embedded_budget
+from prime_values.config.base import ConfigError, check_fields, free, ranged, reported
 from prime_values.config.critic import CriticConfig
-from prime_values.config.derived import Resolved, resolve
+from prime_values.config.derived import Resolved, derive, resolve
 from prime_values.config.inference import InferenceConfig
 from prime_values.config.launcher import LauncherConfig
 from prime_values.config.log import LogConfig
 from prime_values.config.policy import LoraSettings, PolicyConfig, TinyArch
 from prime_values.config.replay import ReplayConfig
 from prime_values.config.schedule import ScheduleConfig
-from prime_values.config.stages import EvalConfig, SFTConfig
+from prime_values.config.stages import EvalConfig, SFTConfig, check_stages
 from prime_values.config.task import (TASK_CONFIGS, TASK_NAMES, ArithTaskConfig, TaskConfig, owner_of,
                                       unknown_key_hint)
 from prime_values.config.topology import TopologyConfig
 from prime_values.config.wandb import WandbConfig
+from prime_values.launch import DEVICE_KEYS, resolve_devices
 
 
 @dataclass
@@ -153,8 +156,32 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
     TopologyConfig.check_devices(cfg, cuda_count, environment)
 
 
+def prepare(cfg, cuda_count: Optional[int] = None) -> DictConfig:
+    """The config a run's jobs read, made the one way every caller needs it (the conductor for the rl stage, the
+    sft and eval stages, the tests): `validate`d (a multirun point arrives here with its own values), a plain copy
+    with every interpolation resolved, 'auto' devices replaced (for `cuda_count` GPUs, default: this machine's;
+    an all-CPU config never imports torch), and the derived facts (resolved.*) filled, once: the roles and tools
+    read them from the file the caller saves it to (the run's or the stage's config.yaml)."""
+    validate(cfg, cuda_count)
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    if any(cfg.topology[key] == "auto" for key in DEVICE_KEYS):
+        if cuda_count is None:
+            import torch
+
+            cuda_count = torch.cuda.device_count()
+        resolve_devices(cfg.topology, cuda_count)
+    return resolve(cfg)
+
+
 def _check_task(cfg, environment: bool) -> None:
     task_class(cfg).check(cfg, environment)
+
+
+def _check_budget(cfg, environment: bool) -> None:
+    """The embedded model's token budgets (prime_values/budget.py; a local model's are checked once its tokenizer
+    is at hand, before the jobs start)."""
+    with reported(BudgetError):
+        check_embedded_budget(cfg, uses_critic=derive(cfg)["uses_critic"])  # resolved.* is derived later
 
 
 def _check_lora(cfg, environment: bool) -> None:
@@ -162,9 +189,11 @@ def _check_lora(cfg, environment: bool) -> None:
         LoraSettings.check(cfg, role, trainer, environment)
 
 
-# Each section's cross-field checks, in the order validate runs them (after every field's own rules).
+# Every cross-field check, in the order validate runs them (after every field's own rules): each section's, the
+# task's own rules, the embedded model's token budgets, the stages'. Nothing is validated outside this tuple.
 CHECKS = (LauncherConfig.check, CriticConfig.check, PolicyConfig.check, PolicyConfig.check_attention,
-          TinyArch.check, InferenceConfig.check, ReplayConfig.check, _check_task, _check_lora, ScheduleConfig.check,
-          TopologyConfig.check, EvalConfig.check, WandbConfig.check)
+          TinyArch.check, InferenceConfig.check, ReplayConfig.check, _check_task, _check_budget, _check_lora,
+          ScheduleConfig.check, TopologyConfig.check, EvalConfig.check, WandbConfig.check, check_stages,
+          SFTConfig.check)
 
 

@@ -1,11 +1,47 @@
-"""`sft.*` and `eval.*`: the settings of the sft and eval stages (stages: [sft, rl, eval]; docs/stages.md)."""
+"""`stages`, `stage`, `sft.*` and `eval.*`: which stages run, and the settings of the sft and eval stages
+(stages: [sft, rl, eval]; docs/stages.md). Their rules (`check_stages`, `SFTConfig.check`, `EvalConfig.check`)
+are config checks like every section's (root.CHECKS)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Optional
 
-from prime_values.config.base import ConfigError, free, ranged
+from prime_values.config.base import ConfigError, free, ranged, reported
+from prime_values.tasks.math import MathDataError, resolve_source
+
+STAGES = ("sft", "rl", "eval")
+
+
+def plan(cfg) -> list[str]:
+    """The stages this command runs, in order."""
+    return [cfg.stage] if cfg.get("stage") else list(cfg.stages)
+
+
+def check_stages(cfg, environment: bool) -> None:
+    """Stage names, what the first stage starts from, and launcher.detach (one rl stage only)."""
+    names = list(cfg.stages)
+    for i, name in enumerate(names):
+        if name not in STAGES:
+            raise ConfigError(f"stages[{i}]={name!r} is not a stage; list stages from {', '.join(STAGES)}, e.g. "
+                              "stages=[sft,rl,eval]")
+    for name in set(names):
+        if names.count(name) > 1:
+            raise ConfigError(f"stages={names} runs {name!r} twice; list each stage once")
+    if cfg.stage is not None and cfg.stage not in STAGES:
+        raise ConfigError(f"stage={cfg.stage!r} is not a stage; choose one of {', '.join(STAGES)} (or leave stage "
+                          f"unset to run stages={names})")
+    if not names and cfg.stage is None:
+        raise ConfigError("stages is empty; list at least one of sft, rl, eval, e.g. stages=[rl,eval]")
+    run = plan(cfg)
+    if cfg.launcher.detach and run != ["rl"]:
+        raise ConfigError(f"launcher.detach=true detaches the rl stage only, but this runs stages {run}; run them "
+                          "attached, or detach `stage=rl` and run the others after it")
+    if run[0] == "eval" and cfg.policy.model == "tiny":
+        how = "stage=eval" if cfg.stage else "stages starting with eval"
+        raise ConfigError(f"{how} evaluates policy.model, which is 'tiny' (an untrained model); set policy.model=<a "
+                          "from_pretrained directory, e.g. <run>/weights/policy/<step> or <run>/stages/sft/model>")
 
 
 @dataclass
@@ -43,6 +79,28 @@ class SFTConfig:
     """SFT steps between target_accuracy checks"""
     val_size: int = ranged(64, ">= 1")
     """training problems in the target_accuracy check"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        """When the sft stage runs: one data source, and it exists here (cheap: no data set is loaded)."""
+        sft = cfg.sft
+        if "sft" not in plan(cfg):
+            return
+        if sft.data and sft.from_run:
+            raise ConfigError(f"sft.data={sft.data!r} and sft.from_run={sft.from_run!r} are both set; keep one")
+        if not sft.data and not sft.from_run:
+            raise ConfigError("the sft stage has no data: set sft.data=task (the task's reference solutions), "
+                              "sft.data=<.jsonl/.parquet file or hub dataset name>, or sft.from_run=<run dir> "
+                              "(with sft.min_reward)")
+        if not environment:
+            return
+        if sft.from_run:
+            if not (Path(sft.from_run).expanduser() / "log" / "rollouts").is_dir():
+                raise ConfigError(f"sft.from_run={sft.from_run!r} has no log/rollouts; point it at the run directory "
+                                  "of an earlier run")
+        elif sft.data != "task":
+            with reported(MathDataError):
+                resolve_source(sft.data, "sft.data", cfg.task.get("data_cache_dir"))
 
 
 @dataclass

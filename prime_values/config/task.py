@@ -11,10 +11,10 @@ from typing import Any, Dict, Optional
 
 from prime_values.config.base import ConfigError, choice, free, ranged, reported
 from prime_values.tasks import make_task
-from prime_values.tasks.math import MathDataError, resolve_source
+from prime_values.tasks.math import MathDataError, check_settings as check_math_settings, resolve_source
 from prime_values.tasks.pool import PromptPool
-from prime_values.tasks.reasoning_gym import ANSWER_FORMATS, ReasoningGymError, check_chat_source, check_dataset
-from prime_values.tasks.reverse_text import ReverseTextTask
+from prime_values.tasks.reasoning_gym import (ANSWER_FORMATS, ReasoningGymError, check_chat_source,
+                                              check_settings as check_gym_settings)
 
 TASK_NAMES = ("arith", "reverse_text", "math", "reasoning_gym", "verifiers")
 
@@ -42,13 +42,17 @@ class TaskConfig:
         """The task's own cross-field checks (each task class has its own)."""
 
     @staticmethod
-    def check_pool(cfg) -> None:
-        """task.train_pool distinct problems exist (cheap to draw here, before any job)."""
-        if cfg.task.train_pool:
-            try:
-                PromptPool(make_task(**cfg.task), cfg.task.train_pool, cfg.task.seed)
-            except ValueError as error:
-                raise ConfigError(f"task ({cfg.task.name}): {error}") from None
+    def check_build(cfg) -> None:
+        """Build the task here, before any job (a procedural task is cheap to build): its constructor's own rules
+        (prime_values/tasks) and, with task.train_pool, that many distinct problems exist."""
+        try:
+            task = make_task(**cfg.task)
+            if cfg.task.train_pool:
+                PromptPool(task, cfg.task.train_pool, cfg.task.seed)
+        except ValueError as error:
+            message = str(error)
+            raise ConfigError(message if message.startswith("task.") else f"task ({cfg.task.name}): {message}") \
+                from None
 
 
 @dataclass
@@ -56,31 +60,22 @@ class ArithTaskConfig(TaskConfig):
     """Procedural arithmetic, verified exactly; the privileged context is the reference answer."""
 
     name: str = choice("arith", *TASK_NAMES)
-    digits: int = ranged(2, ">= 1")
-    """digits per operand (each operand uniform in [0, 10**digits))"""
-    min_digits: int = free(0, "0..digits: ArithTaskConfig.check")
+    digits: int = free(2, "1..9: prime_values/tasks/arith.py check_settings (ArithTaskConfig.check builds the task)")
+    """digits per operand, 1..9 (each operand uniform in [0, 10**digits))"""
+    min_digits: int = free(0, "0..digits: prime_values/tasks/arith.py check_settings")
     """arith: 0 = off; else each operand draws its digit count uniformly from min_digits..digits first, so every
     difficulty comes in equal shares (1..digits: one-digit problems as common as the longest ones)"""
-    operands: int = ranged(2, ">= 1")
-    """numbers per problem"""
+    operands: int = free(2, ">= 2: prime_values/tasks/arith.py check_settings")
+    """numbers per problem, >= 2"""
     ops: str = "+"
-    """operators drawn from, any of '+-*'"""
+    """operators drawn from, any non-empty subset of '+-*'"""
     show_work: bool = False
     """arith: the answer is every running result left to right, comma-separated ('12+34+56=' -> '46,102'),
     and the privileged critic sees that worked solution (needs operands >= 3 to matter; ops from '+-')"""
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        task = cfg.task
-        if task.show_work and "*" in task.ops:
-            raise ConfigError(f"task.show_work=true needs task.ops from '+-' (got {task.ops!r}): running results "
-                              "are left to right")
-        if not 0 <= task.min_digits <= task.digits:
-            raise ConfigError(f"task.min_digits={task.min_digits} must be in 0..task.digits ({task.digits}); "
-                              "0 draws operands uniformly from [0, 10**digits)")
-        for bad in set(task.ops) - set("+-*"):
-            raise ConfigError(f"task.ops={task.ops!r} contains {bad!r}; use characters from '+-*'")
-        TaskConfig.check_pool(cfg)
+        TaskConfig.check_build(cfg)  # ArithTask's rules (check_settings), its held-out set, task.train_pool
 
 
 @dataclass
@@ -98,14 +93,10 @@ class ReverseTextTaskConfig(TaskConfig):
     @staticmethod
     def check(cfg, environment: bool) -> None:
         task = cfg.task
-        try:
-            ReverseTextTask(task.min_chars, task.max_chars, task.alphabet, task.heldout_size, task.seed)
-        except ValueError as error:
-            raise ConfigError(f"task (reverse_text): {error}") from None
+        TaskConfig.check_build(cfg)  # ReverseTextTask's rules, its held-out set, task.train_pool
         if cfg.inference.max_new_tokens <= task.max_chars:
             raise ConfigError(f"inference.max_new_tokens={cfg.inference.max_new_tokens} cannot hold a "
                               f"{task.max_chars}-character answer and its eos; raise it above task.max_chars")
-        TaskConfig.check_pool(cfg)
 
 
 @dataclass
@@ -151,6 +142,8 @@ class MathTaskConfig(VerifiedTaskConfig):
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
+        with reported(MathDataError):  # the rules MathTask checks before it loads its data
+            check_math_settings(cfg.task.prompt_template, cfg.task.heldout_size)
         if not environment:
             return
         if importlib.util.find_spec("math_verify") is None or importlib.util.find_spec("datasets") is None:
@@ -192,16 +185,9 @@ class ReasoningGymTaskConfig(VerifiedTaskConfig):
         if importlib.util.find_spec("math_verify") is None:
             raise ConfigError("task.name=reasoning_gym needs math-verify: pip install 'prime_values[reasoning_gym]' "
                               "(or pip install -e '.[reasoning_gym]' in a checkout)")
-        with reported(ReasoningGymError):
-            check_dataset(task.dataset)
-        if "{question}" not in task.prompt_template:
-            raise ConfigError(f"task.prompt_template={task.prompt_template!r} must contain '{{question}}'")
-        if task.dataset_size <= task.heldout_size:
-            raise ConfigError(f"task.dataset_size={task.dataset_size} must exceed task.heldout_size="
-                              f"{task.heldout_size}: the held-out problems are carved out of the generated ones")
-        if task.chat and not task.chat_tokenizer:
-            raise ConfigError("task.chat=true needs task.chat_tokenizer (the policy's tokenizer, ${policy.model}); "
-                              "or set task.chat=false")
+        with reported(ReasoningGymError):  # the rules ReasoningGymTask checks before it generates problems
+            check_gym_settings(task.dataset, task.prompt_template, task.answer_format, task.dataset_size,
+                               task.heldout_size, task.chat, task.chat_tokenizer)
         if task.chat:
             with reported(ReasoningGymError):
                 check_chat_source(task.chat_tokenizer)

@@ -22,56 +22,15 @@ from omegaconf import OmegaConf
 
 from prime_values.budget import BudgetError, check_run_budget
 from prime_values.conductor import conduct, stop_fork_server, wants_fork_server
-from prime_values.config import ConfigError, EvalConfig, SFTConfig, check_fields
-from prime_values.gguf import GGUFError, is_gguf, prepare
+from prime_values.config import ConfigError, plan, prepare, validate
+from prime_values.gguf import GGUFError, is_gguf, prepare as convert_gguf
 from prime_values.launch import local
 from prime_values.launch.zygote import ZygoteClient
 from prime_values.rundir import RunDir
 from prime_values.stages import evaluate, sft
-from prime_values.stages.common import MODEL_STAGES, STAGES, StageFailed, mark_done, read_done, resolved_config, \
-    run_stage_job
-from prime_values.stages.sft import SFTDataError, check_source
+from prime_values.stages.common import MODEL_STAGES, STAGES, StageFailed, mark_done, read_done, run_stage_job
 
-__all__ = ["STAGES", "plan", "run_stages", "validate_stages"]
-
-
-def plan(cfg) -> list[str]:
-    """The stages this command runs, in order."""
-    return [cfg.stage] if cfg.get("stage") else list(cfg.stages)
-
-
-def validate_stages(cfg, environment: bool = True) -> None:
-    """Stage names and each stage's inputs, before any job starts; raises ConfigError (one line: key and fix).
-    `environment=False` (`--cfg job`): leave out what depends on this machine (the SFT data is there)."""
-    names = list(cfg.stages)
-    for i, name in enumerate(names):
-        if name not in STAGES:
-            raise ConfigError(f"stages[{i}]={name!r} is not a stage; list stages from {', '.join(STAGES)}, e.g. "
-                              "stages=[sft,rl,eval]")
-    for name in set(names):
-        if names.count(name) > 1:
-            raise ConfigError(f"stages={names} runs {name!r} twice; list each stage once")
-    if cfg.stage is not None and cfg.stage not in STAGES:
-        raise ConfigError(f"stage={cfg.stage!r} is not a stage; choose one of {', '.join(STAGES)} (or leave stage "
-                          f"unset to run stages={names})")
-    if not names and cfg.stage is None:
-        raise ConfigError("stages is empty; list at least one of sft, rl, eval, e.g. stages=[rl,eval]")
-    run = plan(cfg)
-    if cfg.launcher.detach and run != ["rl"]:
-        raise ConfigError(f"launcher.detach=true detaches the rl stage only, but this runs stages {run}; run them "
-                          "attached, or detach `stage=rl` and run the others after it")
-    if run[0] == "eval" and cfg.policy.model == "tiny":
-        how = "stage=eval" if cfg.stage else "stages starting with eval"
-        raise ConfigError(f"{how} evaluates policy.model, which is 'tiny' (an untrained model); set policy.model=<a "
-                          "from_pretrained directory, e.g. <run>/weights/policy/<step> or <run>/stages/sft/model>")
-    check_fields(cfg.sft, SFTConfig, "sft.")  # their rules (prime_values/config/stages.py), again for each
-    check_fields(cfg.eval, EvalConfig, "eval.")  # point of a multirun, which reaches no config.validate before
-    EvalConfig.check(cfg, environment)  # the stage's job when it runs no rl stage
-    if "sft" in run and environment:
-        try:
-            check_source(cfg.sft, cfg.task)
-        except SFTDataError as error:
-            raise ConfigError(str(error)) from None
+__all__ = ["STAGES", "plan", "run_stages"]
 
 
 # --- the pipeline ---------------------------------------------------------------------------------
@@ -140,7 +99,7 @@ def run_stages(cfg) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
     try:
-        validate_stages(cfg)  # again here: multirun points come through here with their own values
+        validate(cfg)  # again here: multirun points come through here with their own values
     except ConfigError as error:
         print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
@@ -203,7 +162,7 @@ def _prepare_model(cfg) -> None:
     and the task's prompts (prime_values.budget). Bad input exits with one line."""
     try:
         if is_gguf(cfg.policy.model):
-            cfg.policy.model = prepare(cfg.policy.model, cfg.policy.cache_dir)
+            cfg.policy.model = convert_gguf(cfg.policy.model, cfg.policy.cache_dir)
             print(f"policy.model: {cfg.policy.model}", flush=True)
         budget = check_run_budget(cfg)
     except (GGUFError, BudgetError) as error:
@@ -216,7 +175,7 @@ def _prepare_model(cfg) -> None:
 
 
 def _run_sft(run, cfg, model, upstream, key) -> dict:
-    stage_cfg = resolved_config(cfg)
+    stage_cfg = prepare(cfg)  # as the conductor prepares the rl stage's config
     stage_cfg.policy.model = model
     print(f"stage sft: fine-tuning {model} -> {run.root}/stages/sft/model", flush=True)
     result = run_stage_job(run, stage_cfg, "sft", sft.main, stage_cfg.topology.policy_trainer_device)
@@ -243,7 +202,7 @@ def _run_rl(run, cfg, model, upstream, key) -> dict:
 
 
 def _run_eval(run, cfg, model, upstream, key) -> dict:
-    stage_cfg = resolved_config(cfg)
+    stage_cfg = prepare(cfg)  # as the conductor prepares the rl stage's config
     stage_cfg.policy.model = model
     results = run_stage_job(run, stage_cfg, "eval", evaluate.main, stage_cfg.topology.inference_device)
     print(evaluate.format_table(results), flush=True)

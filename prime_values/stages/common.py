@@ -22,12 +22,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from prime_values.conductor import job_end, wait_for_fork_server
-from prime_values.config import resolve
-from prime_values.launch import job_device, kill_tree, local, make_executor, resolve_devices, solo_threads
+from prime_values.config import STAGES  # noqa: F401  (the stages' names, with their rules)
+from prime_values.launch import job_device, kill_tree, local, make_executor, solo_threads
 from prime_values.monitor import MetricsTail, MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
 
-STAGES = ("sft", "rl", "eval")
 MODEL_STAGES = ("sft", "rl")  # stages whose output is a model the next stage starts from
 
 
@@ -90,15 +89,6 @@ class StageContext:
         """The conductor asks a stage job to stop through `stages/<name>/STOP`; a local job also stops when its
         conductor is gone."""
         return (self.dir / "STOP").exists() or not self.run.conductor_alive()
-
-
-def resolved_config(cfg):
-    """A plain, resolved copy of `cfg` with 'auto' devices replaced (as the conductor does for the rl roles)."""
-    import torch
-
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    resolve_devices(cfg.topology, torch.cuda.device_count())
-    return resolve(cfg)  # the derived facts (resolved.*), as the conductor saves them
 
 
 def _progress_line(name: str, record: dict, started: float) -> str:

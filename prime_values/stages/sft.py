@@ -38,26 +38,6 @@ class SFTDataError(ValueError):
     """The SFT data cannot be used; one line naming the key and the fix."""
 
 
-def check_source(sft, task_cfg) -> None:
-    """Cheap checks before any job starts (no dataset is loaded): one source, and it exists."""
-    if sft.data and sft.from_run:
-        raise SFTDataError(f"sft.data={sft.data!r} and sft.from_run={sft.from_run!r} are both set; keep one")
-    if not sft.data and not sft.from_run:
-        raise SFTDataError("the sft stage has no data: set sft.data=task (the task's reference solutions), "
-                           "sft.data=<.jsonl/.parquet file or hub dataset name>, or sft.from_run=<run dir> "
-                           "(with sft.min_reward)")
-    if sft.from_run:
-        if not (Path(sft.from_run).expanduser() / "log" / "rollouts").is_dir():
-            raise SFTDataError(f"sft.from_run={sft.from_run!r} has no log/rollouts; point it at the run directory of "
-                               "an earlier run")
-        return
-    if sft.data != "task":
-        try:
-            resolve_source(sft.data, "sft.data", task_cfg.get("data_cache_dir"))
-        except MathDataError as error:
-            raise SFTDataError(str(error)) from None
-
-
 def rows_to_examples(rows: list[dict], task, source: str) -> list[tuple[str, str]]:
     """(prompt, response) text pairs from dataset rows (prompt+completion/response, or math-task rows)."""
     examples, skipped = [], 0

@@ -60,21 +60,32 @@ def _evaluate(nums: list[int], ops: list[str]) -> int:
     return total + sign * term
 
 
+def check_settings(digits: int, operands: int, ops: str, show_work: bool = False, min_digits: int = 0) -> None:
+    """The task's rules, in one place: the constructor and the config check (prime_values/config/task.py) call this
+    before any job starts. Raises ValueError, one sentence naming the `task.*` key and the fix."""
+    if not 1 <= digits <= 9:
+        raise ValueError(f"task.digits={digits} must be in 1..9; set task.digits (digits per operand) to 1..9")
+    if not 0 <= min_digits <= digits:
+        raise ValueError(f"task.min_digits={min_digits} must be in 0..task.digits ({digits}); 0 draws operands "
+                         "uniformly from [0, 10**digits)")
+    if operands < 2:
+        raise ValueError(f"task.operands={operands} must be >= 2 (a problem joins its operands with operators); "
+                         "set task.operands=2 or more")
+    if not ops:
+        raise ValueError("task.ops='' is empty; give the operators to draw from, any of '+-*' (e.g. task.ops=+)")
+    for bad in sorted(set(ops) - set("+-*")):
+        raise ValueError(f"task.ops={ops!r} contains {bad!r}; use characters from '+-*'")
+    if show_work and "*" in ops:
+        raise ValueError(f"task.show_work=true needs task.ops from '+-' (got {ops!r}): running results are left to "
+                         "right")
+
+
 class ArithTask(ProceduralTask):
     name = "arith"
 
     def __init__(self, digits: int = 2, operands: int = 2, ops: str = "+", heldout_size: int = 200,
                  seed: int = 1234, show_work: bool = False, min_digits: int = 0):
-        if not 1 <= digits <= 9:
-            raise ValueError("digits must be in 1..9")
-        if not 0 <= min_digits <= digits:
-            raise ValueError(f"min_digits must be in 0..digits ({digits}), got {min_digits}")
-        if operands < 2:
-            raise ValueError("operands must be >= 2")
-        if not ops or set(ops) - set("+-*"):
-            raise ValueError(f"ops must be a non-empty subset of '+-*', got {ops!r}")
-        if show_work and "*" in ops:
-            raise ValueError("show_work writes left-to-right running results: use ops from '+-' only")
+        check_settings(digits, operands, ops, show_work, min_digits)
         self.digits, self.operands, self.seed, self.show_work = digits, operands, seed, show_work
         self.min_digits = min_digits
         self.ops = "".join(dict.fromkeys(ops))  # dedupe, keep order
@@ -114,6 +125,10 @@ class ArithTask(ProceduralTask):
         if not isinstance(response_text, str) or len(response_text) > _MAX_RESPONSE_CHARS:
             return 0.0
         return 1.0 if strip_eos(response_text) == problem.answer else 0.0
+
+    def max_prompt_chars(self) -> int:
+        """Longest possible prompt in characters: every operand at `digits` digits, the operators, '='."""
+        return self.operands * self.digits + self.operands
 
     def max_answer_chars(self) -> int:
         """Longest possible answer in characters (sign included): a safe ``max_new_tokens - 1``."""

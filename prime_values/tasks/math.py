@@ -204,6 +204,15 @@ def load_rows(data: str, split: str = "train", data_config: str | None = None, c
 
 
 # ---------------------------------------------------------------------------------------------- the task
+def check_settings(prompt_template: str, heldout_size: int) -> None:
+    """The rules of the task's settings that need no data: the constructor and the config check
+    (prime_values/config/task.py) call this. Raises MathDataError (one line naming the key)."""
+    if "{question}" not in prompt_template:
+        raise MathDataError(f"task.prompt_template={prompt_template!r} must contain '{{question}}'")
+    if heldout_size < 0:
+        raise MathDataError(f"task.heldout_size={heldout_size} must be >= 0")
+
+
 class MathTask(PooledVerification):
     """GSM8K/MATH prompts, a fixed held-out split, privileged reference context, math-verify scoring.
 
@@ -225,10 +234,7 @@ class MathTask(PooledVerification):
                  max_response_chars: int = 1024, verifier_workers: int = 2, verifier_timeout_s: float = 3.0,
                  verifier_batch_timeout_s: float = 60.0, verifier_max_chars: int = 4096,
                  verifier_memory_mb: int | None = 4096, data_cache_dir: str | None = None) -> None:
-        if "{question}" not in prompt_template:
-            raise MathDataError(f"task.prompt_template={prompt_template!r} must contain '{{question}}'")
-        if heldout_size < 0:
-            raise MathDataError("task.heldout_size must be >= 0")
+        check_settings(prompt_template, heldout_size)
         self.data, self.split, self.data_config = data, split, data_config
         self.heldout_data, self.heldout_split = heldout_data or None, heldout_split
         self.heldout_size, self.seed = heldout_size, seed

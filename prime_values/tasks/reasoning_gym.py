@@ -133,6 +133,24 @@ def _chat_renderer(source: str):
     return render
 
 
+def check_settings(dataset: str, prompt_template: str, answer_format: str, dataset_size: int, heldout_size: int,
+                   chat: bool, chat_tokenizer: str) -> None:
+    """The task's rules that need no generated problem: the constructor and the config check
+    (prime_values/config/task.py) call this. Raises ReasoningGymError (one line naming the key and the fix)."""
+    check_dataset(dataset)
+    if answer_format not in ANSWER_FORMATS:
+        raise ReasoningGymError(f"task.answer_format={answer_format!r} is not allowed; choose one of "
+                                f"{', '.join(ANSWER_FORMATS)}")
+    if "{question}" not in prompt_template:
+        raise ReasoningGymError(f"task.prompt_template={prompt_template!r} must contain '{{question}}'")
+    if heldout_size < 1 or dataset_size <= heldout_size:
+        raise ReasoningGymError(f"task.dataset_size={dataset_size} must exceed task.heldout_size={heldout_size} "
+                                "(>= 1): the held-out problems are carved out of the generated ones")
+    if chat and not chat_tokenizer:
+        raise ReasoningGymError("task.chat=true needs task.chat_tokenizer (the policy's tokenizer: "
+                                "${policy.model}); or set task.chat=false for the raw template text")
+
+
 class ReasoningGymTask(PooledVerification):
     """A reasoning-gym dataset as a task: chat-formatted prompts, a held-out split by content, privileged
     reference answer (and steps), a final-answer reward through math-verify.
@@ -153,18 +171,7 @@ class ReasoningGymTask(PooledVerification):
                  privileged_solution: bool = True, max_response_chars: int = 1024, verifier_workers: int = 2,
                  verifier_timeout_s: float = 3.0, verifier_batch_timeout_s: float = 60.0,
                  verifier_max_chars: int = 4096, verifier_memory_mb: int | None = 4096) -> None:
-        check_dataset(dataset)
-        if answer_format not in ANSWER_FORMATS:
-            raise ReasoningGymError(f"task.answer_format={answer_format!r} is not allowed; choose one of "
-                                    f"{', '.join(ANSWER_FORMATS)}")
-        if "{question}" not in prompt_template:
-            raise ReasoningGymError(f"task.prompt_template={prompt_template!r} must contain '{{question}}'")
-        if heldout_size < 1 or dataset_size <= heldout_size:
-            raise ReasoningGymError(f"task.dataset_size={dataset_size} must exceed task.heldout_size={heldout_size} "
-                                    "(>= 1): the held-out problems are carved out of the generated ones")
-        if chat and not chat_tokenizer:
-            raise ReasoningGymError("task.chat=true needs task.chat_tokenizer (the policy's tokenizer: "
-                                    "${policy.model}); or set task.chat=false for the raw template text")
+        check_settings(dataset, prompt_template, answer_format, dataset_size, heldout_size, chat, chat_tokenizer)
         self.dataset, self.dataset_args = dataset, dict(dataset_args or {})
         self.dataset_size, self.heldout_size, self.seed = dataset_size, heldout_size, seed
         self.prompt_template, self.answer_format = prompt_template, answer_format

@@ -90,6 +90,10 @@ class ReverseTextTask(ProceduralTask):
         text = strip_eos(response_text[: 2 * self.max_chars + 8 + len(EOS_TEXT) + 2])
         return similarity(text[: 2 * self.max_chars + 8], problem.answer)
 
+    def max_prompt_chars(self) -> int:
+        """Longest possible prompt in characters: the longest string and the separator."""
+        return self.max_chars + 1
+
     def max_answer_chars(self) -> int:
         return self.max_chars
 

@@ -116,8 +116,10 @@ def _load_config(run: Path, res: Result) -> dict:
         return {}
     from omegaconf import OmegaConf
 
-    try:
-        return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    from prime_values.config import load_saved
+
+    try:  # load_saved: derived facts (resolved.*) an old run's file lacks are derived there, never here
+        return OmegaConf.to_container(load_saved(path), resolve=True)
     except Exception as e:  # noqa: BLE001 - an unreadable config is reported, never a crash
         res.violation("config", f"{path} cannot be read ({type(e).__name__}: {e})")
         return {}
@@ -358,8 +360,7 @@ class Checker:
             res.violation("step", f"batch step {last} exceeds the run's steps={cfg_steps}")
         self.last_step = last
 
-        max_off = _cfg_get(self.cfg, "resolved.max_off_policy",  # the bound the run enforced (lockstep: 0);
-                           _cfg_get(self.cfg, "schedule.max_off_policy"))  # a run saved before resolved.*
+        max_off = _cfg_get(self.cfg, "resolved.max_off_policy")  # the bound the run enforced (lockstep: 0)
         used_in: dict[str, list[int]] = defaultdict(list)
         for step, rid, *_ in self.batch_refs:
             used_in[rid].append(step)

@@ -33,6 +33,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from prime_values.launch.topology import pipeline_roles
 from prime_values.monitor import MetricsTail
 from prime_values.rundir import RunDir
 
@@ -121,13 +122,8 @@ def expected_roles(run: RunDir) -> list[str]:
     try:
         from prime_values.config import load_saved
 
-        cfg = load_saved(run.config)
-        with_critic = cfg.resolved.uses_critic
-        roles = ["warm_start", *(f"inference{w}" for w in range(cfg.topology.inference_workers))]
-        if with_critic and cfg.topology.evaluator == "dedicated":
-            roles.append("evaluator")
-        roles += ["orchestrator", "policy_trainer"] + (["value_trainer"] if with_critic else [])
-        return roles
+        cfg = load_saved(run.config)  # the role jobs the supervisor starts, from the run's resolved.uses_critic
+        return ["warm_start", *(spec.name for spec in pipeline_roles(cfg.topology, cfg.resolved.uses_critic))]
     except Exception:
         found = {p.stem for p in run.root.glob("metrics/*.jsonl")} | \
                 {p.name for p in run.root.glob("state/*") if p.is_dir()}
