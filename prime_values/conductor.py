@@ -26,7 +26,8 @@ from prime_values.rundir import RunDir, write_atomic
 from prime_values.submitter import stop_reason, submit_pipeline
 from prime_values.supervisor import Fleet, RoleFailed, RoleJob, StopRequested, Supervisor, job_end  # noqa: F401
 from prime_values.tools.live import Progress  # the live view (prime_values/tools/live.py)
-from prime_values.tools.report import format_summary, summarise, write_report
+from prime_values.tools.report import write_report
+from prime_values.tools.summary import format_summary, summarise
 from prime_values.tools.sweep import after_point
 from prime_values.wandb_sink import start_forwarder
 from prime_values.weights import latest_version
