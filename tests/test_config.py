@@ -208,7 +208,7 @@ def test_load_saved_reads_a_config_saved_before_the_package_and_derives_the_fact
     cfg = load_saved(old)
     assert OmegaConf.get_type(cfg.task) is ArithTaskConfig and "dataset" not in cfg.task
     assert cfg.task.digits == 1 and cfg.steps == OmegaConf.load(old).steps
-    assert dict(cfg.resolved) == {"uses_critic": True, "lockstep": False, "max_off_policy": 1}
+    assert dict(cfg.resolved) == {"uses_critic": True, "lockstep": False, "max_off_policy": 1, "cpu_processes": 4}
     validate(cfg, cuda_count=0, environment=False)
     for overrides, facts in ((["advantage.estimator=grpo"], (False, False, 1)),
                              (["schedule.mode=lockstep", "schedule.max_off_policy=3"], (True, True, 0))):
@@ -226,4 +226,32 @@ def test_a_prepared_config_carries_the_derived_facts():
     from e2e_helpers import compose
 
     cfg = compose(["+experiment=arith", "schedule.mode=lockstep", "advantage=grpo"])
-    assert dict(cfg.resolved) == {"uses_critic": False, "lockstep": True, "max_off_policy": 0}
+    assert dict(cfg.resolved) == {"uses_critic": False, "lockstep": True, "max_off_policy": 0, "cpu_processes": 2}
+
+
+def test_role_threads_split_the_cores_among_the_cpu_processes(monkeypatch):
+    """topology.threads_per_role=0 (auto), worked by hand: cores // CPU processes, at least 1; an explicit value,
+    OMP_NUM_THREADS or a SLURM step's CPUs win. The embedded run's 4 processes (inference, evaluator, both trainers)
+    on 2 cores get 1 each; GPU roles are not counted."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    from prime_values.config.derived import derive
+    from prime_values.launch import role_threads
+
+    def cfg(threads=0, processes=4):
+        return OmegaConf.create({"topology": {"threads_per_role": threads}, "resolved": {"cpu_processes": processes}})
+
+    for cores, processes, want in ((2, 4, 1), (16, 4, 4), (7, 3, 2), (1, 1, 1)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
+        assert role_threads(cfg(processes=processes), environ={}) == want, (cores, processes)
+    assert role_threads(cfg(threads=3), environ={"OMP_NUM_THREADS": "1"}) == 3
+    assert role_threads(cfg(), environ={"OMP_NUM_THREADS": "2"}) == 2
+    assert role_threads(cfg(), environ={"SLURM_CPUS_PER_TASK": "5"}) == 5
+    from e2e_helpers import compose
+
+    two_ranks = compose(["+experiment=arith", "topology.policy_trainer_procs=2"])
+    assert two_ranks.resolved.cpu_processes == 5
+    two_ranks.topology.policy_trainer_device = "cuda:0"
+    assert derive(two_ranks)["cpu_processes"] == 3  # inference, evaluator, value trainer: the ranks are on GPUs

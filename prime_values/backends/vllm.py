@@ -28,6 +28,7 @@ import random
 from pathlib import Path
 
 from safetensors import safe_open
+import torch
 
 from prime_values.models import lora
 from prime_values.models.sampling import Completion
@@ -158,8 +159,8 @@ class VLLMBackend:
     def _start(self, path: Path):
         from omegaconf import OmegaConf
 
-        cfg = self.cfg
-        os.environ.update(engine_env(self.device, cfg.topology.inference_tp, cfg.topology.threads_per_role))
+        cfg = self.cfg  # the engine's OpenMP threads: the role's own torch threads (launch.role_threads)
+        os.environ.update(engine_env(self.device, cfg.topology.inference_tp, torch.get_num_threads()))
         from vllm import LLM
 
         kwargs = dict(model=str(path), skip_tokenizer_init=True, dtype=cfg.inference.dtype, seed=self.seed,

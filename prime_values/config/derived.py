@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from omegaconf import MISSING, OmegaConf
 
 from prime_values.config.advantage import CRITIC_ESTIMATORS
+from prime_values.launch.topology import pipeline_roles, role_procs
 
 
 @dataclass
@@ -21,13 +22,19 @@ class Resolved:
     """the lockstep schedule runs: schedule.mode == 'lockstep'"""
     max_off_policy: int = MISSING
     """the staleness bound the run enforces: 0 under lockstep, else schedule.max_off_policy"""
+    cpu_processes: int = MISSING
+    """the rl stage's processes that compute on the CPU (inference workers, evaluators, trainer ranks; not the
+    orchestrator): what topology.threads_per_role=0 splits the machine's cores among"""
 
 
 def derive(cfg) -> dict:
     """The `resolved` section of `cfg` (every fact from the keys it is derived from)."""
     lockstep = cfg.schedule.mode == "lockstep"
-    return {"uses_critic": cfg.advantage.estimator in CRITIC_ESTIMATORS, "lockstep": lockstep,
-            "max_off_policy": 0 if lockstep else int(cfg.schedule.max_off_policy)}
+    uses_critic = cfg.advantage.estimator in CRITIC_ESTIMATORS
+    cpu = sum(role_procs(cfg.topology, spec.role) for spec in pipeline_roles(cfg.topology, uses_critic)
+              if spec.role != "orchestrator" and not str(spec.device).startswith("cuda"))
+    return {"uses_critic": uses_critic, "lockstep": lockstep,
+            "max_off_policy": 0 if lockstep else int(cfg.schedule.max_off_policy), "cpu_processes": cpu}
 
 
 def resolve(cfg, only_missing: bool = False):

@@ -16,7 +16,7 @@ import time
 import zlib
 
 from prime_values.config import load_saved
-from prime_values.launch import job_device
+from prime_values.launch import job_device, role_threads
 from prime_values.log import LogReader, SegmentWriter
 from prime_values.monitor import MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
@@ -42,7 +42,7 @@ class RoleContext:
         self.log = logging.getLogger(f"prime_values.{name}")
         import torch
 
-        torch.set_num_threads(self.cfg.topology.threads_per_role)
+        torch.set_num_threads(role_threads(self.cfg))
         self.seed_root = self.cfg.seed  # what this role's seeds derive from (the warm start: its own seed)
         torch.manual_seed(self.seed())
         self.attention = None  # a role that builds models: its attention kernel and weight dtype, logged once,
