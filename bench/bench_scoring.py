@@ -1,6 +1,6 @@
 """Does scoring keep up with generation? The value evaluator's scoring throughput against inference's generation
-throughput for the same model size, measured in isolation, side by side, one CPU thread each (a role's
-`topology.threads_per_role`):
+throughput for the same model size, measured in isolation, side by side, one CPU thread each (what
+`topology.threads_per_role=0`, auto, gives each role of the embedded run on 2 cores):
 
   generate  prime_values.models.sampling.sample: one inference chunk (prompts_per_step x group_size rollouts)
             from the policy; tokens/s = sampled (policy) tokens / time, as inference's `tokens_per_s`
@@ -60,7 +60,7 @@ def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str 
     if smoke:
         arch.update(hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=128)
     reps = reps or (2 if smoke else 5)
-    torch.set_num_threads(cfg.topology.threads_per_role)
+    torch.set_num_threads(1)  # one thread per side, as each role of the embedded run has on 2 cores
     tokenizer, policy, critic = load_models(policy_dir, critic_dir, arch)
     policy, critic = policy.to(device), critic.to(device)
     task = make_task(**cfg.task)

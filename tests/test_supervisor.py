@@ -116,17 +116,18 @@ def test_the_same_error_twice_before_coming_up_ends_the_run(tmp_path, capsys):
 
 @pytest.mark.slow  # a real run's start (~15 s on 2 cores)
 def test_a_deterministic_start_up_error_ends_the_run_at_once(tmp_path):
-    """`task.digits=10` fails in the warm start before its first heartbeat: one restart, then the run ends with one
-    line naming the error (it was restarted until its budget of 5 ran out)."""
+    """A warm start that fails the same way before its first heartbeat (the roles' fault hook, PRIME_VALUES_FAULT:
+    what the config check cannot see, such as a broken install) is restarted once, then the run ends with one line
+    naming the error, instead of restarting until its budget of 5 runs out."""
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "prime_values", "+experiment=arith", "task.digits=10",
-                             f"hydra.run.dir={run_dir}", "log.plots=false"], capture_output=True, text=True,
-                            env=env_for_runs(), cwd=REPO, timeout=600)
+    result = subprocess.run([sys.executable, "-m", "prime_values", "+experiment=arith", f"hydra.run.dir={run_dir}",
+                             "log.plots=false"], capture_output=True, text=True,
+                            env=env_for_runs({"PRIME_VALUES_FAULT": "warm_start"}), cwd=REPO, timeout=600)
     assert result.returncode == 1, result.stdout[-2000:]
     assert result.stdout.count("restarting it") == 1, result.stdout
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("prime_values: role warm_start failed twice with the same error before it came up"), last
-    assert "ValueError: digits must be in 1..9" in last and str(run_dir / "jobs" / "warm_start") in last
+    assert "RuntimeError: injected fault in role warm_start" in last and str(run_dir / "jobs" / "warm_start") in last
     assert json.loads((run_dir / "control" / "restarts.json").read_text()) == {"warm_start": 1}
     assert not processes_mentioning(str(run_dir))
 
