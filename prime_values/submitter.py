@@ -43,7 +43,9 @@ def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
         run.jobs / "pipeline", partition=launcher.partition, account=launcher.account, qos=launcher.qos,
         constraint=launcher.constraint, extra_sbatch=extra, setup=list(launcher.setup),
         time_min=launcher.timeout_min, job_name="pv_pipeline", gpus_per_node=request["gpus"], tasks_per_node=1,
-        cpus_per_task=request["cpus"], mem_gb=launcher.mem_gb)
+        cpus_per_task=request["cpus"], mem_gb=launcher.mem_gb, nodes=request["nodes"],
+        # over several nodes the batch step still runs one conductor, on the first node; the roles' steps go to theirs
+        srun_args=["--nodes=1", "--ntasks=1"] if request["nodes"] > 1 else None)
     progress = Progress(run, cfg.steps)
     print(f"prime_values: run directory {run.root}\nprime_values: one allocation for the pipeline: "
           f"{describe_request(request)}", flush=True)

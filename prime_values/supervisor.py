@@ -132,7 +132,8 @@ class Supervisor:
         executor = make_executor(self.cfg.launcher, self.run.jobs, role_job.name, role_job.device,
                                  tasks=role_procs(self.cfg.topology, role_job.role),  # trainers: one task per rank
                                  gpus=role_gpus(self.cfg.topology, role_job.role),
-                                 first_gpu=self._gpu_offsets().get(role_job.name, 0))
+                                 first_gpu=self._gpu_offsets().get(role_job.name, 0),
+                                 nodes=self._nodes(role_job.role))
         role_job.job = executor.submit(*self._call(role_job))
         if not getattr(role_job.job, "started_at", 0.0):
             role_job.job.started_at = time.time()
@@ -148,6 +149,15 @@ class Supervisor:
         from prime_values.launch.slurm import gpu_offsets
 
         return gpu_offsets(self.cfg)
+
+    def _nodes(self, role: str) -> list[int] | None:
+        """launcher=slurm: the nodes of the allocation a role runs on (launch.slurm.role_nodes; the warm start, one
+        process that runs alone before the others, on the policy trainer's first)."""
+        if self.cfg.launcher.name != "slurm":
+            return None
+        from prime_values.launch.slurm import role_nodes
+
+        return role_nodes(self.cfg, role) if role != "warm_start" else role_nodes(self.cfg, "policy_trainer")[:1]
 
     def submit(self, name: str, role: str, device: str, *args) -> RoleJob:
         role_job = RoleJob(name, role, None, device, args)

@@ -4,6 +4,7 @@ here: not root, or apt cannot install the packages. Each test uses its own submi
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -344,5 +345,101 @@ def test_two_nodes_on_one_host(slurm):
         tasks = sorted(line.split() for line in out.stdout.splitlines())
         assert tasks == [["0", sorted(nodes)[0], "2"], ["1", sorted(nodes)[1], "2"]], (tasks, nodes)
     finally:
+        _start(LOCAL_SLURM_NODES="")
+    assert _nodes() == single
+
+
+def _hostnames(nodelist: str) -> list[str]:
+    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def _kill_rank(run_dir: Path, name: str, rank: int) -> bool:
+    """SIGKILL one process of a role's srun step: the task whose submitit rank is `rank` (a crash of one rank)."""
+    import psutil
+
+    from prime_values.launch import folder_processes
+
+    for proc in folder_processes(run_dir / "jobs" / name):
+        try:
+            if "submitit.core._submit" in proc.cmdline() and \
+                    proc.environ().get("SUBMITIT_LOCAL_GLOBALID") == str(rank):
+                proc.kill()
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+@pytest.mark.slow  # a real SLURM daemon, restarted twice
+def test_the_pipeline_runs_over_two_nodes(slurm, tmp_path):
+    """LOCAL_SLURM_NODES=2 and launcher.nodes=2: one allocation over both nodes, the generation side (inference,
+    evaluator, orchestrator) beside the conductor on node 0, the value trainer on node 1, and the policy trainer's
+    two FSDP ranks one on each node (launcher.placement.policy_trainer=[0, 1]: one srun step of two tasks, gloo
+    over TCP, rendezvous through its job folder). Rank 1 is killed mid-run: the step ends as a whole and the
+    supervisor restarts it. The run finishes, each role ran on its node (SLURM's accounting and the controllers'
+    exit states say so), both ranks trained, prime_values.check finds nothing lost; the one-node cluster the other
+    tests use comes back after, also when the test fails."""
+    single = _nodes()
+    run_dir = tmp_path / "run"
+    args = [o for o in PIPELINE if not o.startswith(("steps=", "eval_every=", "launcher.cpus="))]
+    args += ["steps=6", "eval_every=6", "launcher.cpus=1", "launcher.nodes=2", "launcher.placement.policy_trainer=[0,1]"]
+    proc = None
+    try:
+        assert "2 nodes" in _start(LOCAL_SLURM_NODES="2")
+        names = sorted(_nodes())
+        assert len(names) == 2, names
+        proc = subprocess.Popen([sys.executable, "-m", "prime_values", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+        _wait_step(run_dir, 2, proc, timeout=1800)
+        assert _kill_rank(run_dir, "policy_trainer", 1), "no rank 1 of the policy trainer to kill"
+        out, _ = proc.communicate(timeout=1800)  # a guard against a hang, not a bound on the run's time
+        assert proc.returncode == 0, out[-4000:]
+        assert ("one allocation for the pipeline: 1 CPUs on each of 2 nodes (node 0: inference0, evaluator, "
+                "orchestrator, policy_trainer, the conductor; node 1: policy_trainer, value_trainer)") in out, out[:3000]
+        assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "6"
+        check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True,
+                               text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        inside = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs" / "pipeline").glob("*_log.out"))
+        assert "role policy_trainer failed" in inside, inside[-3000:]
+        # SLURM's own record of where each step ran
+        pipeline = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        assert len(pipeline) == 1, pipeline
+        where: dict[str, set] = {}
+        deadline = time.monotonic() + 20  # sacct records the steps a moment after they end
+        while time.monotonic() < deadline:
+            out_ = subprocess.run(["sacct", "-n", "-P", "-j", pipeline[0], "-o", "JobName,NodeList"],
+                                  capture_output=True, text=True).stdout
+            where = {}
+            for line in out_.splitlines():
+                step, _, nodelist = line.partition("|")
+                if step.startswith("pv_") and nodelist and nodelist != "None assigned":
+                    where.setdefault(step, set()).add(tuple(_hostnames(nodelist)))
+            if {"pv_inference0", "pv_evaluator", "pv_orchestrator", "pv_policy_trainer", "pv_value_trainer"} <= \
+                    set(where):
+                break
+            time.sleep(1)
+        for step in ("pv_inference0", "pv_evaluator", "pv_orchestrator"):
+            assert where.get(step) == {(names[0],)}, where
+        assert where.get("pv_value_trainer") == {(names[1],)}, where
+        assert where.get("pv_policy_trainer") == {tuple(names)}, where  # each of its steps (one restarted) on both
+        # the policy trainer's controllers: one per node, each its rank; both ranks joined the gloo group
+        folder = run_dir / "jobs" / "policy_trainer"
+        nodes_of = {}
+        for path in folder.glob("*_exit*.json"):
+            state = json.loads(path.read_text())
+            nodes_of.setdefault(state["first_task"], set()).add(state["node"])
+        assert nodes_of == {0: {names[0]}, 1: {names[1]}}, nodes_of
+        for rank in (0, 1):
+            logs = "".join(p.read_text(errors="replace") for p in folder.glob(f"*_{rank}_log.err"))
+            assert f"prime_values.dist: rank {rank} of 2 (gloo) on node {names[rank]}" in logs, logs[-2000:]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        jobs = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        if jobs:  # a failed test leaves no allocation behind on the cluster it restores
+            subprocess.run(["scancel", *jobs], capture_output=True)
         _start(LOCAL_SLURM_NODES="")
     assert _nodes() == single
