@@ -225,6 +225,56 @@ def test_a_pipeline_too_big_for_the_partition_fails_in_one_line(slurm, tmp_path)
     assert not (tmp_path / "run").exists()
 
 
+def test_placement_over_nodes_and_what_each_node_is_asked_for():
+    """launcher.nodes / launcher.placement.* (no cluster needed): the rule, the per-node request, the GPU positions
+    of a trainer over two nodes, and one sentence for each layout that cannot be."""
+    from e2e_helpers import compose
+    from prime_values.launch.slurm import (describe_request, gpu_offsets, pipeline_request, placement_problem,
+                                           role_nodes)
+
+    cfg = compose(["+experiment=arith", "topology.policy_trainer_procs=2"])
+    cfg.topology.policy_trainer_device, cfg.topology.value_trainer_device = "cuda:0", "cuda:2"  # (no GPU here)
+    assert [role_nodes(cfg, r) for r in ("inference", "orchestrator", "policy_trainer")] == [[0], [0], [0]]
+    cfg.launcher.nodes = 2
+    assert placement_problem(cfg) is None
+    assert [role_nodes(cfg, r) for r in ("inference", "evaluator", "policy_trainer", "value_trainer")] == \
+        [[0], [0], [1], [1]]
+    request = pipeline_request(cfg)
+    assert (request["nodes"], request["cpus"], request["gpus"]) == (2, 4, 3), request  # node 1: 3 trainer ranks
+    cfg.launcher.placement.policy_trainer = [0, 1]
+    request = pipeline_request(cfg)
+    assert (request["cpus"], request["gpus"]) == (5, 2), request  # 3 roles + a rank + the conductor on node 0
+    assert describe_request(request) == ("5 CPUs and 2 GPUs on each of 2 nodes (node 0: inference0, evaluator, "
+                                         "orchestrator, policy_trainer, the conductor; node 1: policy_trainer, "
+                                         "value_trainer)")
+    assert gpu_offsets(cfg) == {"warm_start": 0, "policy_trainer": 0, "value_trainer": 1}
+    for key, value, words in (("policy_trainer", [0, 2], "outside the allocation's 0..1"),
+                              ("inference", [0, 1], "only a trainer spans nodes"),
+                              ("value_trainer", "x", "give a node index"),
+                              ("policy_trainer", [1, 0], "must be consecutive")):
+        cfg.launcher.placement[key] = value
+        assert words in (placement_problem(cfg) or ""), (key, value, placement_problem(cfg))
+        cfg.launcher.placement[key] = None
+    cfg.topology.policy_trainer_procs = 3
+    cfg.launcher.placement.policy_trainer = [0, 1]
+    assert "do not split evenly over 2 nodes" in placement_problem(cfg)
+    cfg.launcher.placement.policy_trainer = None
+    cfg.launcher.nodes = 3
+    assert "no role runs on node 2" in placement_problem(cfg)
+
+
+@pytest.mark.slow  # a real SLURM daemon
+def test_a_pipeline_over_more_nodes_than_the_partition_has_fails_in_one_line(slurm, tmp_path):
+    result = cli("+experiment=arith", "launcher=slurm", "launcher.cpus=1", "launcher.nodes=2",
+                 f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "asks for 1 CPUs on each of 2 nodes" in lines[0] and "partition debug has 1 node, 1 of them" in lines[0], \
+        lines[0]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow  # a real SLURM daemon
 def test_a_queued_pipeline_says_so(slurm, tmp_path):
     """The node is busy: the pipeline's one job waits whole (nothing of it runs), and status says why."""
@@ -383,7 +433,8 @@ def test_the_pipeline_runs_over_two_nodes(slurm, tmp_path):
     single = _nodes()
     run_dir = tmp_path / "run"
     args = [o for o in PIPELINE if not o.startswith(("steps=", "eval_every=", "launcher.cpus="))]
-    args += ["steps=6", "eval_every=6", "launcher.cpus=1", "launcher.nodes=2", "launcher.placement.policy_trainer=[0,1]"]
+    args += ["steps=6", "eval_every=6", "launcher.cpus=1", "launcher.nodes=2",
+             "launcher.placement.policy_trainer=[0,1]"]
     proc = None
     try:
         assert "2 nodes" in _start(LOCAL_SLURM_NODES="2")
@@ -397,7 +448,8 @@ def test_the_pipeline_runs_over_two_nodes(slurm, tmp_path):
         out, _ = proc.communicate(timeout=1800)  # a guard against a hang, not a bound on the run's time
         assert proc.returncode == 0, out[-4000:]
         assert ("one allocation for the pipeline: 1 CPUs on each of 2 nodes (node 0: inference0, evaluator, "
-                "orchestrator, policy_trainer, the conductor; node 1: policy_trainer, value_trainer)") in out, out[:3000]
+                "orchestrator, policy_trainer, the conductor; node 1: policy_trainer, value_trainer)") in out, \
+            out[:3000]
         assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "6"
         check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True,
                                text=True)

@@ -139,10 +139,12 @@ class LocalRoleJob(LocalJob):
         if failed is None:
             return True, None
         task_code = state["codes"][failed]
-        if task_code < 0:
-            return True, self._signal_cause(-task_code)
-        error = task_error(self.paths.folder, self.job_id, failed)
         rank = f" (process {failed} of {len(state['codes'])})" if len(state["codes"]) > 1 else ""
+        if state.get("spread"):  # a step over several nodes: which rank, on which node (log: <job id>_<rank>_log.err)
+            rank = f" (process {failed} of {len(state['codes'])}, on node {state.get('node')})"
+        if task_code < 0:
+            return True, self._signal_cause(-task_code) + (rank if state.get("spread") else "")
+        error = task_error(self.paths.folder, self.job_id, failed)
         return True, f"exit code {task_code}{rank}: " + (error or f"no error line in {self.paths.stderr}")
 
     def _exit_state(self) -> dict:
@@ -164,7 +166,7 @@ class LocalRoleJob(LocalJob):
         failed = [s for s in states if s.get("failed_task") is not None]
         cause = next((s for s in failed if s.get("signal") is None), None) or next(iter(failed), None) or \
             next((s for s in states if s.get("timeout") or s.get("signal") is not None), state)
-        merged = dict(cause)
+        merged = dict(cause, spread=True)
         merged["codes"] = [c for s in sorted(states, key=lambda s: s.get("first_task", 0)) for c in s["codes"]]
         merged["final"] = [c for s in states for c in s["final"]]
         if cause.get("failed_task") is not None:

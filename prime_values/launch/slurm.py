@@ -251,8 +251,9 @@ def placement_problem(cfg) -> str | None:
             return f"launcher.placement.{role}: no such role; place one of {', '.join(PLACED_ROLES)}"
         if placed is None:
             continue
-        ok = (isinstance(placed, int) and not isinstance(placed, bool)) or (not isinstance(placed, (str, bytes)) and hasattr(placed, "__len__") and
-                                         len(placed) > 0 and all(isinstance(n, int) for n in placed))
+        listed = not isinstance(placed, (str, bytes)) and hasattr(placed, "__len__") and len(placed) > 0
+        ok = (isinstance(placed, int) and not isinstance(placed, bool)) or \
+            (listed and all(isinstance(n, int) and not isinstance(n, bool) for n in placed))
         if not ok:
             return f"launcher.placement.{role}={placed!r}: give a node index, or a list of consecutive ones"
         where = role_nodes(cfg, role)
