@@ -495,3 +495,79 @@ def test_the_pipeline_runs_over_two_nodes(slurm, tmp_path):
             subprocess.run(["scancel", *jobs], capture_output=True)
         _start(LOCAL_SLURM_NODES="")
     assert _nodes() == single
+
+
+def _lose_node(name: str) -> list[int]:
+    """What a power loss of node `name` of the emulated cluster does: SIGKILL its slurmd, every step daemon it
+    started (found by their sockets in the node's spool directory; they run detached from slurmd) and the role
+    processes under them; then mark it DOWN, as slurmctld itself does once the node has not answered for
+    SlurmdTimeout (300 s here) and a health check or an administrator does sooner. Returns the pids killed."""
+    import psutil
+
+    state = Path(os.environ.get("LOCAL_SLURM_STATE", "/var/lib/prime-values-slurm"))
+    spool = f"{state / 'slurmd' / name}/"
+    daemons = [psutil.Process(int((state / "run" / f"slurmd-{name}.pid").read_text()))]
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if (proc.info["name"] or "").startswith("slurmstepd") and any(
+                    str(c.laddr).startswith(spool) for c in proc.net_connections(kind="unix")):
+                daemons.append(proc)
+        except psutil.Error:
+            continue
+    killed = []
+    for proc in [p for d in daemons for p in (d, *d.children(recursive=True))]:
+        try:
+            proc.kill()
+            killed.append(proc.pid)
+        except psutil.Error:
+            continue
+    subprocess.run(["scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=lost"], check=True)
+    return killed
+
+
+@pytest.mark.slow  # a real SLURM daemon, restarted three times
+def test_a_lost_node_ends_the_allocation_and_the_pipeline_resumes_in_a_fresh_one(slurm, tmp_path):
+    """The pipeline over two nodes (as above) loses node 1 mid-run: its slurmd and steps die (the value trainer and
+    the policy trainer's rank 1 with them) and the node goes DOWN. SLURM ends the allocation NODE_FAIL; the
+    submitting command submits a fresh one (over several nodes it does not let SLURM requeue the old one:
+    prime_values.submitter), which waits for two nodes, starts once the node is back, and its conductor resumes the
+    run from the run directory. The run finishes all its steps and prime_values.check finds nothing lost."""
+    single = _nodes()
+    run_dir = tmp_path / "run"
+    args = [o for o in PIPELINE if not o.startswith(("steps=", "eval_every=", "launcher.cpus="))]
+    args += ["steps=12", "eval_every=12", "launcher.cpus=1", "launcher.nodes=2",
+             "launcher.placement.policy_trainer=[0,1]"]
+    proc = None
+    try:
+        _start(LOCAL_SLURM_NODES="2")
+        names = sorted(_nodes())
+        proc = subprocess.Popen([sys.executable, "-m", "prime_values", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+        _wait_step(run_dir, 3, proc, timeout=1800)
+        pipeline = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        assert len(pipeline) == 1, pipeline
+        assert _lose_node(names[1]), f"nothing of node {names[1]} to kill"
+        while len(list((run_dir / "jobs" / "pipeline").glob("*_submitted.pkl"))) < 2:  # the fresh allocation
+            assert proc.poll() is None, "the submitting command ended instead of resubmitting the pipeline"
+            time.sleep(0.5)
+        _start(LOCAL_SLURM_NODES="2")  # the node comes back (ReturnToService=2: it is taken into service)
+        out, _ = proc.communicate(timeout=1800)  # a guard against a hang, not a bound on the run's time
+        assert proc.returncode == 0, out[-4000:]
+        assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "12"
+        check = subprocess.run([sys.executable, "-m", "prime_values.check", str(run_dir)], capture_output=True,
+                               text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        inside = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs" / "pipeline").glob("*_log.out"))
+        assert inside.count("prime_values: run directory") == 2, "the second allocation did not run the conductor"
+        assert "the pipeline's allocation was lost (NODE_FAIL); resubmitted as job" in out, out[-3000:]
+        if slurm["AccountingStorageType"] != "accounting_storage/none":
+            assert [row[2].split()[0] for row in sacct_rows(pipeline[0]) if row[0] == pipeline[0]] == ["NODE_FAIL"]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        jobs = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        if jobs:
+            subprocess.run(["scancel", *jobs], capture_output=True)
+        _start(LOCAL_SLURM_NODES="")
+    assert _nodes() == single

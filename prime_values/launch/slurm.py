@@ -423,6 +423,26 @@ def gpu_offsets(cfg) -> dict[str, int]:
     return offsets
 
 
+def lost_nodes() -> list[str]:
+    """Inside an allocation over several nodes: its nodes that SLURM finds down or not responding (sinfo's `*`), in
+    words ('vm-2 (down)'); [] on one node (the conductor's own: were it lost, nothing here would run) or when sinfo
+    does not answer."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    if not in_allocation() or os.environ.get("SLURM_JOB_NUM_NODES", "1") == "1" or not nodelist:
+        return []
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%t"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    lost = []
+    for line in sorted(set(out.split())):
+        name, _, state = line.partition("|")
+        if state.endswith("*") or state.startswith(("down", "fail", "boot", "pow")):
+            lost.append(f"{name} ({state.rstrip('*') or 'unknown'}{', not responding' if state.endswith('*') else ''})")
+    return lost
+
+
 def queued_line(job_id: str) -> str | None:
     """'queued: 7 CPUs on partition debug (job 12: Resources)' while the job is pending, else None."""
     try:
