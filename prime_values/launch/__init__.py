@@ -169,6 +169,16 @@ def folder_processes(folder) -> list[psutil.Process]:
 
 def kill_job(job) -> None:
     """SIGKILL a local job or srun step: its process tree, and the processes of its folder with theirs (an srun
-    step's controller runs under slurmstepd: killing srun alone would leave it running beside a replacement)."""
+    step's controller runs under slurmstepd: killing srun alone would leave it running beside a replacement). A
+    step over several nodes also gets `scancel --signal=KILL <job>.<step>` (the step its controller recorded):
+    its ranks on other nodes are no processes of this machine."""
     for target in [job, *folder_processes(job.paths.folder)]:
         kill_tree(target)
+    step_file = job.paths.folder / f"{job.job_id}_step"
+    if step_file.exists():
+        import subprocess
+
+        step = step_file.read_text().strip()
+        if step:
+            subprocess.run(["scancel", "--quiet", "--signal=KILL", step], capture_output=True, timeout=60,
+                           check=False)

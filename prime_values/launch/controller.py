@@ -145,6 +145,11 @@ class Controller:
 
     def start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.step_rank == 0 and os.environ.get("SLURM_STEP_ID"):  # what kill_job cancels on every node
+            step = f"{os.environ.get('SLURM_JOB_ID')}.{os.environ['SLURM_STEP_ID']}"
+            tmp = self.folder / f".{self.job_id}_step.{os.getpid()}.tmp"
+            tmp.write_text(step + "\n")
+            os.replace(tmp, self.folder / f"{self.job_id}_step")
         if "PRIME_VALUES_GPU_SLICE" in os.environ:  # an srun step: keep the role's GPUs of the allocation's
             first, last = (int(k) for k in os.environ["PRIME_VALUES_GPU_SLICE"].split(":"))
             visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
