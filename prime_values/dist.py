@@ -22,8 +22,12 @@ With one process (the default) every helper is a no-op and the trainers run exac
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import socket
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -90,8 +94,6 @@ def node_address() -> str:
     on the local emulated cluster 127.0.0.1, where the node names do not resolve), else the host name."""
     node = os.environ.get("SLURMD_NODENAME")
     if node:
-        import subprocess
-
         try:
             out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
                                  timeout=60, check=False).stdout
@@ -100,8 +102,6 @@ def node_address() -> str:
         for item in out.split():
             if item.startswith("NodeAddr=") and item[len("NodeAddr="):]:
                 return item[len("NodeAddr="):]
-    import socket
-
     return socket.gethostname()
 
 
@@ -111,9 +111,6 @@ def _published_store(path: str, rank: int, world: int, timeout: datetime.timedel
     port derived from the job id could) and publishes `{"host", "port"}` in `path` (atomically: written to a
     temporary name, then renamed); the other ranks wait for the file and connect. `path` names the job, SLURM
     step and restart count (launch.controller), so no rank reads the address of an earlier step."""
-    import json
-    import time
-
     import torch.distributed as dist
 
     if rank == 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -176,8 +177,6 @@ def kill_job(job) -> None:
         kill_tree(target)
     step_file = job.paths.folder / f"{job.job_id}_step"
     if step_file.exists():
-        import subprocess
-
         step = step_file.read_text().strip()
         if step:
             subprocess.run(["scancel", "--quiet", "--signal=KILL", step], capture_output=True, timeout=60,
