@@ -263,6 +263,24 @@ def test_placement_over_nodes_and_what_each_node_is_asked_for():
     assert "no role runs on node 2" in placement_problem(cfg)
 
 
+def test_the_cause_of_a_step_over_two_nodes_is_the_rank_that_failed(tmp_path):
+    """One controller per rank writes its own exit state (rank 0 `<id>_exit.json`, rank r `<id>_exit.<r>.json`);
+    the step's cause is the rank that failed by itself, not the one the step's end then signalled."""
+    from prime_values.launch.local import LocalRoleJob
+
+    def state(rank, code, failed, signum, node):
+        return json.dumps({"codes": [code], "final": [code], "failed_task": failed, "timeout": False,
+                           "signal": signum, "first_task": rank, "node": node})
+
+    (tmp_path / "7_exit.json").write_text(state(0, -15, 0, 15, "n1"))
+    (tmp_path / "7_exit.1.json").write_text(state(1, -9, 0, None, "n2"))
+    job = LocalRoleJob(folder=tmp_path, job_id="7", process=None, tasks=[0])
+    assert job.exit_cause() == (True, "killed by signal 9 (process 1 of 2, on node n2)")
+    (tmp_path / "7_exit.json").write_text(state(0, 0, None, None, "n1"))
+    (tmp_path / "7_exit.1.json").write_text(state(1, 0, None, None, "n2"))
+    assert job.exit_cause() == (True, None)
+
+
 @pytest.mark.slow  # a real SLURM daemon
 def test_a_pipeline_over_more_nodes_than_the_partition_has_fails_in_one_line(slurm, tmp_path):
     result = cli("+experiment=arith", "launcher=slurm", "launcher.cpus=1", "launcher.nodes=2",

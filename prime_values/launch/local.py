@@ -167,7 +167,10 @@ class LocalRoleJob(LocalJob):
         cause = next((s for s in failed if s.get("signal") is None), None) or next(iter(failed), None) or \
             next((s for s in states if s.get("timeout") or s.get("signal") is not None), state)
         merged = dict(cause, spread=True)
-        merged["codes"] = [c for s in sorted(states, key=lambda s: s.get("first_task", 0)) for c in s["codes"]]
+        codes: list = [None] * max(s.get("first_task", 0) + len(s["codes"]) for s in states)
+        for s in states:  # by rank; None for the ranks whose controller wrote nothing
+            codes[s.get("first_task", 0):s.get("first_task", 0) + len(s["codes"])] = s["codes"]
+        merged["codes"] = codes
         merged["final"] = [c for s in states for c in s["final"]]
         if cause.get("failed_task") is not None:
             merged["failed_task"] = cause.get("first_task", 0) + cause["failed_task"]
