@@ -4,6 +4,9 @@ A trainer with `topology.<role>_procs = N > 1` runs as N processes of one job: l
 local job, on SLURM N tasks per node of one sbatch job (submitit's `tasks_per_node` in both cases). Each task
 reads its rank from the torchrun variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) when they are set,
 else from submitit (`submitit.helpers.TorchDistributedEnvironment`). Backend: nccl on CUDA, gloo on the CPU.
+Inside a pipeline's SLURM allocation a trainer placed on several nodes is one srun step of one task per rank:
+ranks from SLURM_PROCID / SLURM_STEP_NUM_TASKS / SLURM_LOCALID, rendezvous through a file in its job folder
+(`_published_store`).
 
 Data: rank 0 alone touches the run directory (reads batches / samples replay, writes metrics, publishes
 weights). It broadcasts each whole batch to every rank (`broadcast`, over a gloo side group whose timeout is
@@ -20,7 +23,12 @@ With one process (the default) every helper is a no-op and the trainers run exac
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -61,8 +69,15 @@ def rank_device(device: str, local_rank: int) -> str:
     return f"cuda:{base + local_rank}"
 
 
+RENDEZVOUS_ENV = "PRIME_VALUES_RENDEZVOUS"  # a file of the job's folder: see `_published_store`
+
+
 def _env_ranks() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun variables, else from submitit's job environment."""
+    """(rank, world size, local rank): a trainer over several nodes (one srun task per rank, RENDEZVOUS_ENV set)
+    from SLURM's step variables; else from torchrun's variables, else from submitit's job environment."""
+    if os.environ.get(RENDEZVOUS_ENV):
+        tasks = os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or "1"
+        return int(os.environ["SLURM_PROCID"]), int(tasks), int(os.environ.get("SLURM_LOCALID") or 0)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
     from submitit.helpers import TorchDistributedEnvironment
@@ -72,6 +87,47 @@ def _env_ranks() -> tuple[int, int, int]:
         env.master_addr = "127.0.0.1"  # one machine: no need to resolve the host name
     env.export(set_cuda_visible_devices=False, overwrite=True)  # the executor already chose the visible GPUs
     return env.rank, env.world_size, env.local_rank
+
+
+def node_address() -> str:
+    """The address other nodes reach this one at: its NodeAddr in SLURM's node table (what slurmctld itself uses;
+    on the local emulated cluster 127.0.0.1, where the node names do not resolve), else the host name."""
+    node = os.environ.get("SLURMD_NODENAME")
+    if node:
+        try:
+            out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
+                                 timeout=60, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        for item in out.split():
+            if item.startswith("NodeAddr=") and item[len("NodeAddr="):]:
+                return item[len("NodeAddr="):]
+    return socket.gethostname()
+
+
+def _published_store(path: str, rank: int, world: int, timeout: datetime.timedelta):
+    """The TCPStore of a trainer whose ranks run on several nodes. Rank 0 opens it on a port the OS picks (port 0:
+    bound from the moment it is chosen, so it cannot collide with another job, step or program on that node, as a
+    port derived from the job id could) and publishes `{"host", "port"}` in `path` (atomically: written to a
+    temporary name, then renamed); the other ranks wait for the file and connect. `path` names the job, SLURM
+    step and restart count (launch.controller), so no rank reads the address of an earlier step."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        store = dist.TCPStore("0.0.0.0", 0, world, True, timeout=timeout, wait_for_workers=False)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"host": node_address(), "port": store.port}, f)
+        os.replace(tmp, path)
+        return store
+    deadline = time.time() + timeout.total_seconds()
+    while not os.path.exists(path):  # rank 0 may still be importing torch; the step ends if it died
+        if time.time() > deadline:
+            raise TimeoutError(f"rank 0 published no rendezvous address in {path} within {timeout}")
+        time.sleep(0.2)
+    with open(path) as f:
+        where = json.load(f)
+    return dist.TCPStore(where["host"], int(where["port"]), world, False, timeout=timeout)
 
 
 def setup(procs: int, device: str, timeout_min: float = 120) -> Group:
@@ -92,9 +148,13 @@ def setup(procs: int, device: str, timeout_min: float = 120) -> Group:
     backend = "nccl" if dev.startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(dev)
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(minutes=30), **({"device_id": torch.device(dev)}
-                                                                       if backend == "nccl" else {}))
+    timeout = datetime.timedelta(minutes=30)
+    store = {"store": _published_store(os.environ[RENDEZVOUS_ENV], rank, world, timeout)} \
+        if os.environ.get(RENDEZVOUS_ENV) else {}  # over several nodes; else env:// (MASTER_ADDR/PORT)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, **store,
+                            **({"device_id": torch.device(dev)} if backend == "nccl" else {}))
+    print(f"prime_values.dist: rank {rank} of {world} ({backend}) on node "
+          f"{os.environ.get('SLURMD_NODENAME') or os.uname().nodename}", file=sys.stderr, flush=True)
     control = dist.new_group(backend="gloo", timeout=datetime.timedelta(minutes=max(timeout_min, 30)))
     _group = Group(rank, world, local_rank, dev, control)
     return _group

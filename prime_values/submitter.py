@@ -38,12 +38,21 @@ def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
                                            pipeline_request, queued_line)
 
     request, launcher = pipeline_request(cfg), cfg.launcher
-    extra = {**dict(launcher.extra_sbatch), "requeue": True}  # SLURM itself requeues it after a node failure
+    # one node: SLURM itself requeues the job after a node failure. Over several nodes the lost job ends and a fresh
+    # one is submitted here: a requeued job keeps its id and the records of the steps that ran on the lost node,
+    # and on Slurm 22.05 (the local cluster, 2026-12-03) the requeued allocation then refused every step on the
+    # returned node ("--relative and --nodes option incompatible with count of allocated nodes (1+1>1)",
+    # "Requested nodes are busy"); a fresh job has none
+    requeue = request["nodes"] == 1
+    extra = {**dict(launcher.extra_sbatch), "requeue" if requeue else "no-requeue": True}
+    grace_s = LOST_GRACE_S if requeue else 0.0
     executor = make_slurm_executor(
         run.jobs / "pipeline", partition=launcher.partition, account=launcher.account, qos=launcher.qos,
         constraint=launcher.constraint, extra_sbatch=extra, setup=list(launcher.setup),
         time_min=launcher.timeout_min, job_name="pv_pipeline", gpus_per_node=request["gpus"], tasks_per_node=1,
-        cpus_per_task=request["cpus"], mem_gb=launcher.mem_gb)
+        cpus_per_task=request["cpus"], mem_gb=launcher.mem_gb, nodes=request["nodes"],
+        # over several nodes the batch step still runs one conductor, on the first node; the roles' steps go to theirs
+        srun_args=["--nodes=1", "--ntasks=1"] if request["nodes"] > 1 else None)
     progress = Progress(run, cfg.steps)
     print(f"prime_values: run directory {run.root}\nprime_values: one allocation for the pipeline: "
           f"{describe_request(request)}", flush=True)
@@ -70,7 +79,7 @@ def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
                     shown_queue = None
                 progress.show()
             lost_since = (lost_since or time.time()) if state in LOST else None
-            if state in LOST and time.time() - lost_since >= LOST_GRACE_S:  # SLURM did not requeue it (--requeue)
+            if state in LOST and time.time() - lost_since >= grace_s:  # SLURM did not requeue it (or was not to)
                 cancel_all([job])  # never two allocations on one run directory
                 if budget.spent(time.time()):
                     reason = f"the pipeline's allocation was lost ({state}){budget.exhausted()}"

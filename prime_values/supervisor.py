@@ -3,7 +3,7 @@ allocation alike (both are `LocalRoleJob`s: prime_values.launch.local).
 
 A role job that ends before the run is done is resubmitted in the same pass (every role resumes from what it left
 in the run directory), within a budget per role (`RestartBudget`: launcher.max_restarts per
-launcher.restart_window_s). On top of that budget, four rules:
+launcher.restart_window_s). On top of that budget, five rules:
 
 - a crash loop backs off: a role that fails again before it came up (no heartbeat since its start) waits
   launcher.restart_backoff_s, doubled each time (at most 60 s);
@@ -13,7 +13,10 @@ launcher.restart_window_s). On top of that budget, four rules:
   charging its budget or backing off;
 - a hang is a failure: a role whose newest heartbeat (or start, before the first) is older than
   launcher.hang_timeout_s is SIGKILLed with its process tree and restarted, with the cause
-  `hung: no heartbeat for N s`.
+  `hung: no heartbeat for N s`;
+- a SLURM allocation over several nodes that is losing one (SLURM finds it down or not responding) restarts
+  nothing while it lasts, uncharged: SLURM ends the allocation and a fresh one resumes the run
+  (prime_values.submitter), or the node answers again and the roles restart then.
 
 Roles never talk to the supervisor: it reads what they write (heartbeats, done markers) and the jobs' exit states.
 """
@@ -28,6 +31,7 @@ from prime_values.launch import entry, kill_job, make_executor, pipeline_roles, 
 from prime_values.rundir import RunDir, write_atomic
 
 BACKOFF_MAX_S = 60.0
+LOST_NODE_RECHECK_S = 5.0  # launcher=slurm over several nodes: how often a role held for a lost node is looked at
 STOP_KILL_WAIT_S = 10.0  # after cancel(): how long ended-but-not-gone jobs get before their trees are SIGKILLed
 
 
@@ -132,7 +136,8 @@ class Supervisor:
         executor = make_executor(self.cfg.launcher, self.run.jobs, role_job.name, role_job.device,
                                  tasks=role_procs(self.cfg.topology, role_job.role),  # trainers: one task per rank
                                  gpus=role_gpus(self.cfg.topology, role_job.role),
-                                 first_gpu=self._gpu_offsets().get(role_job.name, 0))
+                                 first_gpu=self._gpu_offsets().get(role_job.name, 0),
+                                 nodes=self._nodes(role_job.role))
         role_job.job = executor.submit(*self._call(role_job))
         if not getattr(role_job.job, "started_at", 0.0):
             role_job.job.started_at = time.time()
@@ -148,6 +153,15 @@ class Supervisor:
         from prime_values.launch.slurm import gpu_offsets
 
         return gpu_offsets(self.cfg)
+
+    def _nodes(self, role: str) -> list[int] | None:
+        """launcher=slurm: the nodes of the allocation a role runs on (launch.slurm.role_nodes; the warm start, one
+        process that runs alone before the others, on the policy trainer's first)."""
+        if self.cfg.launcher.name != "slurm":
+            return None
+        from prime_values.launch.slurm import role_nodes
+
+        return role_nodes(self.cfg, role) if role != "warm_start" else role_nodes(self.cfg, "policy_trainer")[:1]
 
     def submit(self, name: str, role: str, device: str, *args) -> RoleJob:
         role_job = RoleJob(name, role, None, device, args)
@@ -204,6 +218,12 @@ class Supervisor:
             self._relaunch(role_job, f"{message}; restarting it in 0 s (not counted: it died with the fork "
                                      f"server it was forked from)")
             return
+        lost = self._lost_nodes()
+        if lost:  # the allocation is losing a node: SLURM ends it (a fresh one resumes); a restart now fails again
+            print(f"\nprime_values: {message}; not restarted while node {', '.join(lost)} of the allocation is "
+                  f"lost (SLURM ends the allocation, or the node answers again)", flush=True)
+            role_job.restart_at = now + LOST_NODE_RECHECK_S
+            return
         if role_job.budget.spent(now):
             role_job.finished = True
             raise RoleFailed(message + role_job.budget.exhausted())
@@ -239,8 +259,19 @@ class Supervisor:
     def _restart_due(self) -> None:
         for role_job in self.jobs:
             if role_job.restart_at is not None and time.time() >= role_job.restart_at:
+                if self._lost_nodes():  # still lost: keep waiting (uncounted) for SLURM or the node
+                    role_job.restart_at = time.time() + LOST_NODE_RECHECK_S
+                    continue
                 role_job.restart_at = None
                 self._launch(role_job)
+
+    def _lost_nodes(self) -> list[str]:
+        """launcher=slurm, inside an allocation over several nodes: its nodes SLURM finds down or not responding."""
+        if self.cfg.launcher.name != "slurm" or int(self.cfg.launcher.get("nodes", 1)) == 1:
+            return []
+        from prime_values.launch.slurm import lost_nodes
+
+        return lost_nodes()
 
     def running(self) -> list[RoleJob]:
         return [j for j in self.jobs if not j.job.done()]

@@ -4,6 +4,7 @@ here: not root, or apt cannot install the packages. Each test uses its own submi
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -225,6 +226,74 @@ def test_a_pipeline_too_big_for_the_partition_fails_in_one_line(slurm, tmp_path)
     assert not (tmp_path / "run").exists()
 
 
+def test_placement_over_nodes_and_what_each_node_is_asked_for():
+    """launcher.nodes / launcher.placement.* (no cluster needed): the rule, the per-node request, the GPU positions
+    of a trainer over two nodes, and one sentence for each layout that cannot be."""
+    from e2e_helpers import compose
+    from prime_values.launch.slurm import (describe_request, gpu_offsets, pipeline_request, placement_problem,
+                                           role_nodes)
+
+    cfg = compose(["+experiment=arith", "topology.policy_trainer_procs=2"])
+    cfg.topology.policy_trainer_device, cfg.topology.value_trainer_device = "cuda:0", "cuda:2"  # (no GPU here)
+    assert [role_nodes(cfg, r) for r in ("inference", "orchestrator", "policy_trainer")] == [[0], [0], [0]]
+    cfg.launcher.nodes = 2
+    assert placement_problem(cfg) is None
+    assert [role_nodes(cfg, r) for r in ("inference", "evaluator", "policy_trainer", "value_trainer")] == \
+        [[0], [0], [1], [1]]
+    request = pipeline_request(cfg)
+    assert (request["nodes"], request["cpus"], request["gpus"]) == (2, 4, 3), request  # node 1: 3 trainer ranks
+    cfg.launcher.placement.policy_trainer = [0, 1]
+    request = pipeline_request(cfg)
+    assert (request["cpus"], request["gpus"]) == (5, 2), request  # 3 roles + a rank + the conductor on node 0
+    assert describe_request(request) == ("5 CPUs and 2 GPUs on each of 2 nodes (node 0: inference0, evaluator, "
+                                         "orchestrator, policy_trainer, the conductor; node 1: policy_trainer, "
+                                         "value_trainer)")
+    assert gpu_offsets(cfg) == {"warm_start": 0, "policy_trainer": 0, "value_trainer": 1}
+    for key, value, words in (("policy_trainer", [0, 2], "outside the allocation's 0..1"),
+                              ("inference", [0, 1], "only a trainer spans nodes"),
+                              ("value_trainer", "x", "give a node index"),
+                              ("policy_trainer", [1, 0], "must be consecutive")):
+        cfg.launcher.placement[key] = value
+        assert words in (placement_problem(cfg) or ""), (key, value, placement_problem(cfg))
+        cfg.launcher.placement[key] = None
+    cfg.topology.policy_trainer_procs = 3
+    cfg.launcher.placement.policy_trainer = [0, 1]
+    assert "do not split evenly over 2 nodes" in placement_problem(cfg)
+    cfg.launcher.placement.policy_trainer = None
+    cfg.launcher.nodes = 3
+    assert "no role runs on node 2" in placement_problem(cfg)
+
+
+def test_the_cause_of_a_step_over_two_nodes_is_the_rank_that_failed(tmp_path):
+    """One controller per rank writes its own exit state (rank 0 `<id>_exit.json`, rank r `<id>_exit.<r>.json`);
+    the step's cause is the rank that failed by itself, not the one the step's end then signalled."""
+    from prime_values.launch.local import LocalRoleJob
+
+    def state(rank, code, failed, signum, node):
+        return json.dumps({"codes": [code], "final": [code], "failed_task": failed, "timeout": False,
+                           "signal": signum, "first_task": rank, "node": node})
+
+    (tmp_path / "7_exit.json").write_text(state(0, -15, 0, 15, "n1"))
+    (tmp_path / "7_exit.1.json").write_text(state(1, -9, 0, None, "n2"))
+    job = LocalRoleJob(folder=tmp_path, job_id="7", process=None, tasks=[0])
+    assert job.exit_cause() == (True, "killed by signal 9 (process 1 of 2, on node n2)")
+    (tmp_path / "7_exit.json").write_text(state(0, 0, None, None, "n1"))
+    (tmp_path / "7_exit.1.json").write_text(state(1, 0, None, None, "n2"))
+    assert job.exit_cause() == (True, None)
+
+
+@pytest.mark.slow  # a real SLURM daemon
+def test_a_pipeline_over_more_nodes_than_the_partition_has_fails_in_one_line(slurm, tmp_path):
+    result = cli("+experiment=arith", "launcher=slurm", "launcher.cpus=1", "launcher.nodes=2",
+                 f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "asks for 1 CPUs on each of 2 nodes" in lines[0] and "partition debug has 1 node, 1 of them" in lines[0], \
+        lines[0]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow  # a real SLURM daemon
 def test_a_queued_pipeline_says_so(slurm, tmp_path):
     """The node is busy: the pipeline's one job waits whole (nothing of it runs), and status says why."""
@@ -345,5 +414,179 @@ def test_two_nodes_on_one_host(slurm):
         tasks = sorted(line.split() for line in out.stdout.splitlines())
         assert tasks == [["0", sorted(nodes)[0], "2"], ["1", sorted(nodes)[1], "2"]], (tasks, nodes)
     finally:
+        _start(LOCAL_SLURM_NODES="")
+    assert _nodes() == single
+
+
+def _hostnames(nodelist: str) -> list[str]:
+    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def _kill_rank(run_dir: Path, name: str, rank: int) -> bool:
+    """SIGKILL one process of a role's srun step: the task whose submitit rank is `rank` (a crash of one rank)."""
+    import psutil
+
+    from prime_values.launch import folder_processes
+
+    for proc in folder_processes(run_dir / "jobs" / name):
+        try:
+            if "submitit.core._submit" in proc.cmdline() and \
+                    proc.environ().get("SUBMITIT_LOCAL_GLOBALID") == str(rank):
+                proc.kill()
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+@pytest.mark.slow  # a real SLURM daemon, restarted twice
+def test_the_pipeline_runs_over_two_nodes(slurm, tmp_path):
+    """LOCAL_SLURM_NODES=2 and launcher.nodes=2: one allocation over both nodes, the generation side (inference,
+    evaluator, orchestrator) beside the conductor on node 0, the value trainer on node 1, and the policy trainer's
+    two FSDP ranks one on each node (launcher.placement.policy_trainer=[0, 1]: one srun step of two tasks, gloo
+    over TCP, rendezvous through its job folder). Rank 1 is killed mid-run: the step ends as a whole and the
+    supervisor restarts it. The run finishes, each role ran on its node (SLURM's accounting and the controllers'
+    exit states say so), both ranks trained, prime_values.tools.check finds nothing lost; the one-node cluster the other
+    tests use comes back after, also when the test fails."""
+    single = _nodes()
+    run_dir = tmp_path / "run"
+    args = [o for o in PIPELINE if not o.startswith(("steps=", "eval_every=", "launcher.cpus="))]
+    args += ["steps=6", "eval_every=6", "launcher.cpus=1", "launcher.nodes=2",
+             "launcher.placement.policy_trainer=[0,1]"]
+    proc = None
+    try:
+        assert "2 nodes" in _start(LOCAL_SLURM_NODES="2")
+        names = sorted(_nodes())
+        assert len(names) == 2, names
+        proc = subprocess.Popen([sys.executable, "-m", "prime_values", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+        _wait_step(run_dir, 2, proc, timeout=1800)
+        assert _kill_rank(run_dir, "policy_trainer", 1), "no rank 1 of the policy trainer to kill"
+        out, _ = proc.communicate(timeout=1800)  # a guard against a hang, not a bound on the run's time
+        assert proc.returncode == 0, out[-4000:]
+        assert ("one allocation for the pipeline: 1 CPUs on each of 2 nodes (node 0: inference0, evaluator, "
+                "orchestrator, policy_trainer, the conductor; node 1: policy_trainer, value_trainer)") in out, \
+            out[:3000]
+        assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "6"
+        check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], capture_output=True,
+                               text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        inside = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs" / "pipeline").glob("*_log.out"))
+        assert "role policy_trainer failed: killed by signal 9 (process 1 of 2, on node " in inside, inside[-3000:]
+        # SLURM's own record of where each step ran
+        pipeline = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        assert len(pipeline) == 1, pipeline
+        where: dict[str, set] = {}
+        deadline = time.monotonic() + 20  # sacct records the steps a moment after they end
+        while time.monotonic() < deadline:
+            out_ = subprocess.run(["sacct", "-n", "-P", "-j", pipeline[0], "-o", "JobName,NodeList"],
+                                  capture_output=True, text=True).stdout
+            where = {}
+            for line in out_.splitlines():
+                step, _, nodelist = line.partition("|")
+                if step.startswith("pv_") and nodelist and nodelist != "None assigned":
+                    where.setdefault(step, set()).add(tuple(_hostnames(nodelist)))
+            if {"pv_inference0", "pv_evaluator", "pv_orchestrator", "pv_policy_trainer", "pv_value_trainer"} <= \
+                    set(where):
+                break
+            time.sleep(1)
+        for step in ("pv_inference0", "pv_evaluator", "pv_orchestrator"):
+            assert where.get(step) == {(names[0],)}, where
+        assert where.get("pv_value_trainer") == {(names[1],)}, where
+        assert where.get("pv_policy_trainer") == {tuple(names)}, where  # each of its steps (one restarted) on both
+        # the policy trainer's controllers: one per node, each its rank; both ranks joined the gloo group
+        folder = run_dir / "jobs" / "policy_trainer"
+        nodes_of = {}
+        for path in folder.glob("*_exit*.json"):
+            state = json.loads(path.read_text())
+            nodes_of.setdefault(state["first_task"], set()).add(state["node"])
+        assert nodes_of == {0: {names[0]}, 1: {names[1]}}, nodes_of
+        for rank in (0, 1):
+            logs = "".join(p.read_text(errors="replace") for p in folder.glob(f"*_{rank}_log.err"))
+            assert f"prime_values.dist: rank {rank} of 2 (gloo) on node {names[rank]}" in logs, logs[-2000:]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        jobs = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        if jobs:  # a failed test leaves no allocation behind on the cluster it restores
+            subprocess.run(["scancel", *jobs], capture_output=True)
+        _start(LOCAL_SLURM_NODES="")
+    assert _nodes() == single
+
+
+def _lose_node(name: str) -> list[int]:
+    """What a power loss of node `name` of the emulated cluster does: SIGKILL its slurmd, every step daemon it
+    started (found by their sockets in the node's spool directory; they run detached from slurmd) and the role
+    processes under them; then mark it DOWN, as slurmctld itself does once the node has not answered for
+    SlurmdTimeout (300 s here) and a health check or an administrator does sooner. Returns the pids killed."""
+    import psutil
+
+    state = Path(os.environ.get("LOCAL_SLURM_STATE", "/var/lib/prime-values-slurm"))
+    spool = f"{state / 'slurmd' / name}/"
+    daemons = [psutil.Process(int((state / "run" / f"slurmd-{name}.pid").read_text()))]
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if (proc.info["name"] or "").startswith("slurmstepd") and any(
+                    str(c.laddr).startswith(spool) for c in proc.net_connections(kind="unix")):
+                daemons.append(proc)
+        except psutil.Error:
+            continue
+    killed = []
+    for proc in [p for d in daemons for p in (d, *d.children(recursive=True))]:
+        try:
+            proc.kill()
+            killed.append(proc.pid)
+        except psutil.Error:
+            continue
+    subprocess.run(["scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=lost"], check=True)
+    return killed
+
+
+@pytest.mark.slow  # a real SLURM daemon, restarted three times
+def test_a_lost_node_ends_the_allocation_and_the_pipeline_resumes_in_a_fresh_one(slurm, tmp_path):
+    """The pipeline over two nodes (as above) loses node 1 mid-run: its slurmd and steps die (the value trainer and
+    the policy trainer's rank 1 with them) and the node goes DOWN. SLURM ends the allocation NODE_FAIL; the
+    submitting command submits a fresh one (over several nodes it does not let SLURM requeue the old one:
+    prime_values.submitter), which waits for two nodes, starts once the node is back, and its conductor resumes the
+    run from the run directory. The run finishes all its steps and prime_values.tools.check finds nothing lost."""
+    single = _nodes()
+    run_dir = tmp_path / "run"
+    args = [o for o in PIPELINE if not o.startswith(("steps=", "eval_every=", "launcher.cpus="))]
+    args += ["steps=12", "eval_every=12", "launcher.cpus=1", "launcher.nodes=2",
+             "launcher.placement.policy_trainer=[0,1]"]
+    proc = None
+    try:
+        _start(LOCAL_SLURM_NODES="2")
+        names = sorted(_nodes())
+        proc = subprocess.Popen([sys.executable, "-m", "prime_values", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+        _wait_step(run_dir, 3, proc, timeout=1800)
+        pipeline = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        assert len(pipeline) == 1, pipeline
+        assert _lose_node(names[1]), f"nothing of node {names[1]} to kill"
+        while len(list((run_dir / "jobs" / "pipeline").glob("*_submitted.pkl"))) < 2:  # the fresh allocation
+            assert proc.poll() is None, "the submitting command ended instead of resubmitting the pipeline"
+            time.sleep(0.5)
+        _start(LOCAL_SLURM_NODES="2")  # the node comes back (ReturnToService=2: it is taken into service)
+        out, _ = proc.communicate(timeout=1800)  # a guard against a hang, not a bound on the run's time
+        assert proc.returncode == 0, out[-4000:]
+        assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "12"
+        check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], capture_output=True,
+                               text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        inside = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs" / "pipeline").glob("*_log.out"))
+        assert inside.count("prime_values: run directory") == 2, "the second allocation did not run the conductor"
+        assert "the pipeline's allocation was lost (NODE_FAIL); resubmitted as job" in out, out[-3000:]
+        if slurm["AccountingStorageType"] != "accounting_storage/none":
+            assert [row[2].split()[0] for row in sacct_rows(pipeline[0]) if row[0] == pipeline[0]] == ["NODE_FAIL"]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        jobs = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        if jobs:
+            subprocess.run(["scancel", *jobs], capture_output=True)
         _start(LOCAL_SLURM_NODES="")
     assert _nodes() == single

@@ -5,9 +5,33 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from prime_values.config.base import ConfigError, choice, free, ranged
+
+
+ONE_NODE = "null, a node index 0..launcher.nodes-1: launch.slurm.placement_problem"
+NODES = "null, a node index 0..launcher.nodes-1, or a list of consecutive ones: launch.slurm.placement_problem"
+
+
+@dataclass
+class PlacementConfig:
+    """`launcher.placement.*` (launcher=slurm): which node of the pipeline's allocation each role runs on, as an index
+    into its node list; null follows the rule of launcher.nodes."""
+
+    inference: Any = free(None, ONE_NODE)
+    """node of the inference workers (null = node 0)"""
+    evaluator: Any = free(None, ONE_NODE)
+    """node of the dedicated evaluators (null = node 0)"""
+    orchestrator: Any = free(None, ONE_NODE)
+    """node of the orchestrator (null = node 0)"""
+    policy_trainer: Any = free(None, NODES)
+    """node of the policy trainer, or a list of consecutive nodes, e.g. [0, 1]: its topology.policy_trainer_procs
+    processes split evenly over them, one srun step across them (FSDP2 across nodes; ranks and rendezvous from
+    SLURM's step: prime_values.dist) (null = node 1 when launcher.nodes >= 2, else node 0)"""
+    value_trainer: Any = free(None, NODES)
+    """node of the value trainer, or a list of consecutive nodes, as policy_trainer (null = node 1 when
+    launcher.nodes >= 2, else node 0)"""
 
 
 @dataclass
@@ -61,14 +85,30 @@ class LauncherConfig:
     """slurm: CPUs per role process, for sizing the pipeline's allocation when launcher.cpus is null, and per job of
     the sft/eval stages (threads within a role: topology.threads_per_role)"""
     cpus: Optional[int] = ranged(None, (">= 1", ", or null to size the allocation from launcher.cpus_per_task"))
-    """slurm: CPUs of the pipeline's allocation, shared by its roles (null = cpus_per_task per role process plus one
-    for the conductor); a pipeline no node of the partition can hold fails before submission, in one line"""
+    """slurm: CPUs of the pipeline's allocation (on each of its nodes), shared by its roles (null = cpus_per_task per
+    role process plus one for the conductor, on the node that needs most); a pipeline the partition cannot hold
+    fails before submission, in one line"""
     mem_gb: Optional[int] = free(None, "SLURM refuses a request it cannot meet, in its own words")
-    """slurm: memory of the pipeline's allocation and of each stage job (null = the cluster's default per CPU)"""
+    """slurm: memory of the pipeline's allocation (on each of its nodes) and of each stage job (null = the cluster's
+    default per CPU)"""
+    nodes: int = ranged(1, ">= 1")
+    """slurm: nodes of the pipeline's allocation. With 1 every role shares the node; with 2 or more the generation
+    side (inference workers, evaluators, orchestrator, and the conductor) runs on node 0 and the trainers on node 1,
+    unless launcher.placement.* says otherwise; launcher.cpus, launcher.mem_gb and the GPUs are then asked for on each
+    node (the most any node needs). Every node must hold a role: LauncherConfig.check"""
+    placement: PlacementConfig = field(default_factory=lambda: PlacementConfig())
+    """slurm: the node(s) of each role within the pipeline's allocation (launcher.placement.*)"""
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        if cfg.launcher.name != "slurm" or not environment:
+        if cfg.launcher.name != "slurm":
+            return
+        from prime_values.launch.slurm import placement_problem
+
+        problem = placement_problem(cfg)  # launcher.nodes / launcher.placement against the topology
+        if problem:
+            raise ConfigError(problem)
+        if not environment:
             return
         _check_slurm(cfg.launcher)
         from prime_values.launch.slurm import fit_problem, pipeline_request

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import psutil
@@ -55,13 +56,14 @@ def entry(role: str) -> RoleEntry:
 
 
 def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int = 1, gpus: int | None = None,
-                  first_gpu: int = 0):
+                  first_gpu: int = 0, nodes: list[int] | None = None):
     """A submitit executor for role `name`: a local subprocess, or an sbatch job (launcher=slurm) that asks for
     one GPU when the role's device is a GPU. `tasks` > 1 (a multi-process trainer): that many tasks of one job
     (one node), each with its own GPU on a GPU device (locally the `tasks` GPUs from `device` on). `gpus`: the
     job's GPUs when not one per task (a tensor-parallel inference worker: one task, topology.inference_tp GPUs).
     `first_gpu`: inside a pipeline's allocation, where the role's GPUs start among the allocation's
-    (`slurm.gpu_offsets`: every GPU role its own)."""
+    (`slurm.gpu_offsets`: every GPU role its own), and `nodes` the role's nodes of it (`slurm.role_nodes`): over
+    several, one srun task per process (`slurm.step_command`)."""
     gpus = (tasks if gpus is None else gpus) if device.startswith("cuda") else 0
     if launcher.name == "slurm":
         from prime_values.launch.slurm import in_allocation, make_slurm_executor, step_command
@@ -69,10 +71,12 @@ def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int =
         if in_allocation():  # inside the pipeline's allocation: the role is an srun step of it
             from prime_values.launch.local import LocalRoleExecutor
 
+            spread = len(nodes or [0])  # over several nodes: each srun task a controller of one process
             executor = LocalRoleExecutor(folder=jobs_dir / name)
-            executor.update_parameters(timeout_min=launcher.timeout_min, tasks_per_node=tasks)
-            executor.step_prefix = step_command(name, tasks, gpus, tasks * launcher.cpus_per_task)
-            executor.step_gpus = (first_gpu, first_gpu + gpus) if gpus else None
+            executor.update_parameters(timeout_min=launcher.timeout_min, tasks_per_node=tasks if spread == 1 else 1)
+            executor.step_prefix = step_command(name, tasks, gpus, tasks * launcher.cpus_per_task, nodes)
+            executor.step_gpus = (first_gpu, first_gpu + gpus // spread) if gpus else None  # on each of its nodes
+            executor.step_ranks = spread > 1
             return executor
 
         return make_slurm_executor(
@@ -182,6 +186,14 @@ def folder_processes(folder) -> list[psutil.Process]:
 
 def kill_job(job) -> None:
     """SIGKILL a local job or srun step: its process tree, and the processes of its folder with theirs (an srun
-    step's controller runs under slurmstepd: killing srun alone would leave it running beside a replacement)."""
+    step's controller runs under slurmstepd: killing srun alone would leave it running beside a replacement). A
+    step over several nodes also gets `scancel --signal=KILL <job>.<step>` (the step its controller recorded):
+    its ranks on other nodes are no processes of this machine."""
     for target in [job, *folder_processes(job.paths.folder)]:
         kill_tree(target)
+    step_file = job.paths.folder / f"{job.job_id}_step"
+    if step_file.exists():
+        step = step_file.read_text().strip()
+        if step:
+            subprocess.run(["scancel", "--quiet", "--signal=KILL", step], capture_output=True, timeout=60,
+                           check=False)

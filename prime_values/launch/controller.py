@@ -122,6 +122,10 @@ class Controller:
         with_shell = bool(os.environ.get("SUBMITIT_LOCAL_WITH_SHELL"))
         self.job_id = os.environ.get("PRIME_VALUES_JOB_ID") or \
             str(os.getppid() if with_shell and not fork else os.getpid())  # the pid the conductor knows the job by
+        # one srun task of a step over several nodes (PRIME_VALUES_STEP_RANKS, launch.slurm.step_command): this
+        # controller's processes are ranks first_task.. of the step's, and rank 0 of them rendezvouses
+        self.step_rank = int(os.environ.get("SLURM_PROCID", 0)) if os.environ.get("PRIME_VALUES_STEP_RANKS") else None
+        self.first_task = (self.step_rank or 0) * self.ntasks
         self.tasks: list[subprocess.Popen] = []
         self.signal_received: int | None = None
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -141,6 +145,11 @@ class Controller:
 
     def start(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.step_rank == 0 and os.environ.get("SLURM_STEP_ID"):  # what kill_job cancels on every node
+            step = f"{os.environ.get('SLURM_JOB_ID')}.{os.environ['SLURM_STEP_ID']}"
+            tmp = self.folder / f".{self.job_id}_step.{os.getpid()}.tmp"
+            tmp.write_text(step + "\n")
+            os.replace(tmp, self.folder / f"{self.job_id}_step")
         if "PRIME_VALUES_GPU_SLICE" in os.environ:  # an srun step: keep the role's GPUs of the allocation's
             first, last = (int(k) for k in os.environ["PRIME_VALUES_GPU_SLICE"].split(":"))
             visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
@@ -150,14 +159,36 @@ class Controller:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[first:last])
         for k in range(self.ntasks):
             env = {**os.environ, "SUBMITIT_LOCAL_LOCALID": str(k), "SUBMITIT_LOCAL_GLOBALID": str(k),
-                   "SUBMITIT_LOCAL_JOB_ID": self.job_id}
-            out, err = (str(self.folder / f"{self.job_id}_{k}_log.{kind}") for kind in ("out", "err"))  # submitit's
+                   "SUBMITIT_LOCAL_JOB_ID": self.job_id, **self._step_env(k)}
+            task = self.first_task + k
+            out, err = (str(self.folder / f"{self.job_id}_{task}_log.{kind}") for kind in ("out", "err"))  # submitit's
             if self.fork:
                 self.tasks.append(ForkedTask(self.folder, self.job_id, env, out, err))
                 continue
             with open(out, "a") as stdout, open(err, "a") as stderr:
                 self.tasks.append(subprocess.Popen(self.command, env=env, stdout=stdout, stderr=stderr,
                                                    preexec_fn=functools.partial(_die_with_parent, os.getpid())))
+
+    def _step_env(self, k: int) -> dict:
+        """For process k of one task of a step over several nodes: submitit's view of the step's ranks, and the
+        file through which rank 0 publishes where the others meet it (prime_values.dist.RENDEZVOUS_ENV): named
+        after this job, the SLURM step and the allocation's restart count, so a restarted step (a new step id) or a
+        requeued allocation never reads an earlier one's."""
+        if self.step_rank is None:
+            return {}
+        tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS") or os.environ.get("SLURM_NTASKS") or 1)
+        step = ".".join(os.environ.get(key) or "0" for key in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT"))
+        return {"SUBMITIT_LOCAL_GLOBALID": str(self.first_task + k), "SUBMITIT_LOCAL_NTASKS": str(tasks * self.ntasks),
+                "SUBMITIT_LOCAL_LOCALID": str(int(os.environ.get("SLURM_LOCALID") or 0) * self.ntasks + k),
+                "SUBMITIT_LOCAL_NODEID": os.environ.get("SLURM_NODEID") or "0",
+                "SUBMITIT_LOCAL_JOB_NUM_NODES": os.environ.get("SLURM_STEP_NUM_NODES") or "1",
+                "PRIME_VALUES_RENDEZVOUS": str(self.folder / f"{self.job_id}_rendezvous.{step}.json")}
+
+    @property
+    def exit_file(self) -> Path:
+        """`<job id>_exit.json`; in a step over several nodes, rank r > 0's controller `<job id>_exit.<r>.json`."""
+        return self.folder / (f"{self.job_id}_exit.json" if not self.step_rank else
+                              f"{self.job_id}_exit.{self.step_rank}.json")
 
     def wait(self) -> dict:
         """Until every task ended, or one failed (the others are then ended), or the time limit passed."""
@@ -187,12 +218,13 @@ class Controller:
         for task in self.tasks:
             task.wait()
         return {"codes": codes, "final": [t.returncode for t in self.tasks], "failed_task": failed,
-                "timeout": timeout, "signal": self.signal_received, "ended_at": ended_at}
+                "timeout": timeout, "signal": self.signal_received, "ended_at": ended_at,
+                "first_task": self.first_task, "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename}
 
     def run(self) -> int:
         self.start()
         state = self.wait()
-        _write_json(self.folder / f"{self.job_id}_exit.json", state)
+        _write_json(self.exit_file, state)
         return 0 if all(c == 0 for c in state["final"]) and not state["timeout"] else 1
 
 

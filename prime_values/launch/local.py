@@ -28,6 +28,8 @@ from submitit.local.local import LocalJob
 
 from prime_values.launch.controller import _write_json
 
+STEP_RANKS_ENV = "PRIME_VALUES_STEP_RANKS"  # set: each srun task of the step is one rank (launch.controller)
+
 # the run's fork server (prime_values.launch.zygote.ZygoteClient), set by the conductor of a local run: role jobs
 # are forked from it, pre-imported, instead of started as fresh Python processes
 FORK_SERVER = None
@@ -123,7 +125,7 @@ class LocalRoleJob(LocalJob):
             if code < 0:  # the controller itself was killed; its tasks die with it (PR_SET_PDEATHSIG)
                 return True, "killed with the fork server (it died)" if self.collateral else self._signal_cause(-code)
         try:
-            state = json.loads(self.exit_file.read_text())
+            state = self._exit_state()
         except (OSError, ValueError):
             if code is not None and code > 128 and getattr(self, "step_prefix", None):
                 return True, self._signal_cause(code - 128)  # srun: its step's controller died of a signal
@@ -137,11 +139,42 @@ class LocalRoleJob(LocalJob):
         if failed is None:
             return True, None
         task_code = state["codes"][failed]
-        if task_code < 0:
-            return True, self._signal_cause(-task_code)
-        error = task_error(self.paths.folder, self.job_id, failed)
         rank = f" (process {failed} of {len(state['codes'])})" if len(state["codes"]) > 1 else ""
+        if state.get("spread"):  # a step over several nodes: which rank, on which node (log: <job id>_<rank>_log.err)
+            rank = f" (process {failed} of {len(state['codes'])}, on node {state.get('node')})"
+        if task_code < 0:
+            return True, self._signal_cause(-task_code) + (rank if state.get("spread") else "")
+        error = task_error(self.paths.folder, self.job_id, failed)
         return True, f"exit code {task_code}{rank}: " + (error or f"no error line in {self.paths.stderr}")
+
+    def _exit_state(self) -> dict:
+        """The exit state the controller wrote; for a step over several nodes (one controller per rank, each its
+        own `<job id>_exit.<rank>.json` besides rank 0's `<job id>_exit.json`) the one that says why: a rank that
+        failed by itself before the ones the step's end then signalled. Raises OSError when there is none."""
+        others = sorted(self.paths.folder.glob(f"{self.job_id}_exit.*.json"))
+        if not others:
+            return json.loads(self.exit_file.read_text())
+        states = []
+        for path in [self.exit_file, *others]:
+            try:
+                states.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue  # a controller killed before it wrote one (the step's end kills every rank)
+        if not states:
+            raise OSError(f"no exit state in {self.paths.folder}")
+        state = states[0]
+        failed = [s for s in states if s.get("failed_task") is not None]
+        cause = next((s for s in failed if s.get("signal") is None), None) or next(iter(failed), None) or \
+            next((s for s in states if s.get("timeout") or s.get("signal") is not None), state)
+        merged = dict(cause, spread=True)
+        codes: list = [None] * max(s.get("first_task", 0) + len(s["codes"]) for s in states)
+        for s in states:  # by rank; None for the ranks whose controller wrote nothing
+            codes[s.get("first_task", 0):s.get("first_task", 0) + len(s["codes"])] = s["codes"]
+        merged["codes"] = codes
+        merged["final"] = [c for s in states for c in s["final"]]
+        if cause.get("failed_task") is not None:
+            merged["failed_task"] = cause.get("first_task", 0) + cause["failed_task"]
+        return merged
 
     def _signal_cause(self, number: int) -> str:
         now = oom_kills()
@@ -176,6 +209,8 @@ class LocalRoleExecutor(submitit.LocalExecutor):
             env.pop("CUDA_VISIBLE_DEVICES")  # slurmstepd sets the allocation's GPUs; the controller keeps the role's
             first, last = getattr(self, "step_gpus", None) or (0, 0)  # a CPU role: none (CUDA_VISIBLE_DEVICES='')
             env["PRIME_VALUES_GPU_SLICE"] = f"{first}:{last}"  # launch.slurm.GPU_SLICE_ENV
+            if getattr(self, "step_ranks", False):  # one srun task per process, over several nodes
+                env[STEP_RANKS_ENV] = "1"
             inner = shlex.join([*prefix, *cmd]) if isinstance(cmd, list) else \
                 shlex.join(prefix) + " bash -c " + shlex.quote(cmd)
             # the job id is the pid of this shell, which becomes srun: the controller on the node learns it here

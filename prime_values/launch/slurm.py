@@ -66,13 +66,16 @@ def make_slurm_executor(
     tasks_per_node: int = 1,
     setup: list[str] | None = None,
     max_num_timeout: int = 0,
+    srun_args: list[str] | None = None,
 ) -> submitit.SlurmExecutor:
     """A submitit executor that submits each `submit()` as one sbatch job.
 
     `None` leaves a setting to the cluster's defaults (default partition, account, `DefMemPerCPU`);
     `gpus_per_node=0` requests no GPUs. `setup` lines run in the batch script before the job (e.g.
     `module load cuda`). `max_num_timeout` is how often submitit requeues a job that hit its time limit
-    (0: never; the conductor restarts roles itself). Raises RuntimeError when there is no `srun` here.
+    (0: never; the conductor restarts roles itself). `srun_args`: options of the batch script's srun, which runs
+    the function (e.g. `--nodes=1 --ntasks=1`: once, on the first node of an allocation over several). Raises
+    RuntimeError when there is no `srun` here.
     """
     executor = submitit.SlurmExecutor(folder=Path(folder), max_num_timeout=max_num_timeout)
     params: dict[str, Any] = {
@@ -93,6 +96,8 @@ def make_slurm_executor(
         params["mem"] = f"{int(mem_gb)}GB" if mem_gb == int(mem_gb) else f"{int(mem_gb * 1024)}MB"
     if setup:
         params["setup"] = list(setup)
+    if srun_args:
+        params["srun_args"] = list(srun_args)
     executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
     return executor
 
@@ -221,22 +226,109 @@ def pipeline_processes(cfg) -> list[tuple[str, int, int]]:
              else 0) for spec in roles]
 
 
+GENERATION_ROLES = ("inference", "evaluator", "orchestrator")  # with launcher.nodes >= 2: node 0, beside the conductor
+PLACED_ROLES = (*GENERATION_ROLES, "policy_trainer", "value_trainer")
+
+
+def role_nodes(cfg, role: str) -> list[int]:
+    """The nodes (indices into the allocation's node list) a role's job runs on: launcher.placement.<role>, else
+    node 0 for everything on one node, and with 2 or more nodes node 0 for the generation side (which shares it
+    with the conductor) and node 1 for the trainers."""
+    placed = (cfg.launcher.get("placement") or {}).get(role)
+    if placed is not None and not isinstance(placed, (bool, str)):
+        return [int(placed)] if isinstance(placed, int) else [int(n) for n in placed]
+    return [0] if int(cfg.launcher.get("nodes", 1)) == 1 or role in GENERATION_ROLES else [1]
+
+
+def placement_problem(cfg) -> str | None:
+    """One sentence when launcher.nodes / launcher.placement cannot be laid out, else None: an unknown role, a node
+    outside the allocation, a multi-node role that is not a trainer, whose nodes are not consecutive, or whose
+    processes do not split evenly over them, or a node no role runs on."""
+    launcher, topo = cfg.launcher, cfg.topology
+    nodes, placement = int(launcher.get("nodes", 1)), dict(launcher.get("placement") or {})
+    for role, placed in placement.items():
+        if role not in PLACED_ROLES:
+            return f"launcher.placement.{role}: no such role; place one of {', '.join(PLACED_ROLES)}"
+        if placed is None:
+            continue
+        listed = not isinstance(placed, (str, bytes)) and hasattr(placed, "__len__") and len(placed) > 0
+        ok = (isinstance(placed, int) and not isinstance(placed, bool)) or \
+            (listed and all(isinstance(n, int) and not isinstance(n, bool) for n in placed))
+        if not ok:
+            return f"launcher.placement.{role}={placed!r}: give a node index, or a list of consecutive ones"
+        where = role_nodes(cfg, role)
+        if any(not 0 <= n < nodes for n in where):
+            return (f"launcher.placement.{role}={list(where) if len(where) > 1 else where[0]} names a node outside "
+                    f"the allocation's 0..{nodes - 1}; raise launcher.nodes or place it on one of those")
+        if len(where) > 1:
+            procs = role_procs(topo, role)
+            if role not in ("policy_trainer", "value_trainer"):
+                return f"launcher.placement.{role}={list(where)}: only a trainer spans nodes; give one node index"
+            if where != list(range(where[0], where[0] + len(where))):
+                return f"launcher.placement.{role}={list(where)}: its nodes must be consecutive, e.g. [0, 1]"
+            if procs % len(where):
+                return (f"launcher.placement.{role}={list(where)}: topology.{role}_procs={procs} processes do not "
+                        f"split evenly over {len(where)} nodes; make it a multiple of {len(where)}")
+    if nodes > 1:
+        used = {n for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"])
+                for n in role_nodes(cfg, spec.role)} | {0}
+        idle = [n for n in range(nodes) if n not in used]
+        if idle:
+            return (f"launcher.nodes={nodes}, but no role runs on node{'s' if len(idle) > 1 else ''} "
+                    f"{', '.join(map(str, idle))}; place roles there with launcher.placement (e.g. "
+                    f"launcher.placement.value_trainer={idle[0]}) or lower launcher.nodes")
+    return None
+
+
+def pipeline_processes(cfg) -> list[tuple[str, int, int]]:
+    """(role job, processes, GPUs) of every role the rl stage runs at once (the warm start runs before them)."""
+    topo = cfg.topology
+    roles = pipeline_roles(topo, derive(cfg)["uses_critic"])  # also before the run is prepared (validate)
+    return [(spec.name, role_procs(topo, spec.role), role_gpus(topo, spec.role) if str(spec.device).startswith("cuda")
+             else 0) for spec in roles]
+
+
+def pipeline_layout(cfg) -> list[dict]:
+    """Per node of the allocation: {"roles": [(role job, processes there)], "procs", "gpus"}; a role over several
+    nodes has an equal share of its processes (and GPUs) on each."""
+    nodes = int(cfg.launcher.get("nodes", 1))
+    layout = [{"roles": [], "procs": 0, "gpus": 0} for _ in range(nodes)]
+    roles = {spec.name: spec.role for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"])}
+    for name, procs, gpus in pipeline_processes(cfg):
+        where = role_nodes(cfg, roles[name])
+        for n in where:
+            if 0 <= n < nodes:  # (placement_problem reports one outside)
+                layout[n]["roles"].append((name, procs // len(where)))
+                layout[n]["procs"] += procs // len(where)
+                layout[n]["gpus"] += gpus // len(where)
+    return layout
+
+
 def pipeline_request(cfg) -> dict:
-    """What the pipeline's allocation asks for: one node, CPUs (launcher.cpus, else launcher.cpus_per_task per
-    role process plus one for the conductor), GPUs (the sum over the roles on a cuda device: one per trainer
-    process, topology.inference_tp per inference worker; srun gives each role step its own), memory
-    (launcher.mem_gb, else the cluster's default per CPU)."""
-    procs = pipeline_processes(cfg)
-    launcher = cfg.launcher
-    cpus = launcher.cpus or sum(n for _, n, _ in procs) * launcher.cpus_per_task + 1
-    gpus = sum(g for _, _, g in procs)  # every GPU role its own GPUs: srun binds each step to its share
-    return {"cpus": int(cpus), "gpus": gpus, "mem_gb": launcher.mem_gb, "processes": procs}
+    """What the pipeline's allocation asks for, on each of launcher.nodes nodes (one node by default): CPUs
+    (launcher.cpus, else launcher.cpus_per_task per role process there plus one for the conductor on node 0, for
+    the node that needs most), GPUs (the most any node's roles need: one per trainer process on a cuda device,
+    topology.inference_tp per inference worker; srun gives each role step its own), memory (launcher.mem_gb, else
+    the cluster's default per CPU)."""
+    launcher, layout = cfg.launcher, pipeline_layout(cfg)
+    cpus = launcher.cpus or max(node["procs"] * launcher.cpus_per_task + (k == 0) for k, node in enumerate(layout))
+    gpus = max(node["gpus"] for node in layout)  # every GPU role its own GPUs: srun binds each step to its share
+    return {"cpus": int(cpus), "gpus": gpus, "mem_gb": launcher.mem_gb, "processes": pipeline_processes(cfg),
+            "nodes": len(layout), "layout": layout}
 
 
 def describe_request(request: dict) -> str:
-    roles = ", ".join(f"{name}" + (f" x{n}" if n > 1 else "") for name, n, _ in request["processes"])
     gpus = f" and {request['gpus']} GPUs" if request["gpus"] else ""
-    return f"{request['cpus']} CPUs{gpus} on one node ({roles}, and the conductor)"
+
+    def names(roles):
+        return ", ".join(f"{name}" + (f" x{n}" if n > 1 else "") for name, n in roles)
+
+    if request.get("nodes", 1) == 1:
+        return f"{request['cpus']} CPUs{gpus} on one node ({names((n, p) for n, p, _ in request['processes'])}, " \
+               f"and the conductor)"
+    where = "; ".join(f"node {k}: {names(node['roles'])}" + (", the conductor" if k == 0 else "")
+                      for k, node in enumerate(request["layout"]))
+    return f"{request['cpus']} CPUs{gpus} on each of {request['nodes']} nodes ({where})"
 
 
 def partition_nodes(partition: str | None) -> tuple[str, list[dict]]:
@@ -265,15 +357,22 @@ def partition_nodes(partition: str | None) -> tuple[str, list[dict]]:
 
 
 def fit_problem(request: dict, partition: str | None) -> str | None:
-    """One sentence when the pipeline can never run on the partition (no node has what it asks for), else None."""
+    """One sentence when the pipeline can never run on the partition (fewer of its nodes than the allocation asks
+    for have what it asks for on each), else None."""
     name, nodes = partition_nodes(partition)
     if not nodes:
         return None  # sinfo said nothing (a cluster we cannot read): let sbatch decide
     mem_mb = (request["mem_gb"] or 0) * 1024
     fits = [n for n in nodes if n["cpus"] >= request["cpus"] and n["gpus"] >= request["gpus"]
             and (not mem_mb or not n["mem_mb"] or n["mem_mb"] >= mem_mb)]
-    if fits:
+    wanted = request.get("nodes", 1)
+    if len(fits) >= wanted:
         return None
+    if wanted > 1:
+        has = f"{len(nodes)} node{'s' if len(nodes) > 1 else ''}, {len(fits)} of them that big"
+        return (f"launcher=slurm: the pipeline asks for {describe_request(request)}, but partition {name} has {has}; "
+                f"lower launcher.nodes (and move roles with launcher.placement), set launcher.cpus (CPUs per node; "
+                f"its roles share them), or choose another launcher.partition")
     most_cpus = max(n["cpus"] for n in nodes)
     most_gpus = max(n["gpus"] for n in nodes)
     has = f"nodes of at most {most_cpus} CPUs" + (f" and {most_gpus} GPUs" if most_gpus else " and no GPUs"
@@ -283,28 +382,65 @@ def fit_problem(request: dict, partition: str | None) -> str | None:
             f"another launcher.partition")
 
 
-def step_command(name: str, tasks: int, gpus: int, cpus: int) -> list[str]:
+def step_command(name: str, tasks: int, gpus: int, cpus: int, nodes: list[int] | None = None) -> list[str]:
     """The srun prefix that starts a role's controller as a step of this allocation. --overlap: the roles share
-    the allocation's CPUs (a role is mostly waiting); the step's processes are the controller's tasks. It asks for
-    no GPUs: `--overlap` shares GRES too, so two steps with `--gpus=1` would both get the allocation's first GPU
-    (measured on the local SLURM's fake GPUs). The step sees every GPU of the allocation, and its controller keeps
-    the role's own (`GPU_SLICE_ENV`, from `gpu_offsets`)."""
-    return ["srun", "--overlap", "--ntasks=1", "--nodes=1", f"--cpus-per-task={max(1, cpus)}", "--mem=0",
-            f"--job-name=pv_{name}", "--kill-on-bad-exit=1", "--quiet"]
+    the allocation's CPUs (a role is mostly waiting); it asks for no GPUs: `--overlap` shares GRES too, so two
+    steps with `--gpus=1` would both get the allocation's first GPU (measured on the local SLURM's fake GPUs). The
+    step sees every GPU of the allocation, and its controller keeps the role's own (`GPU_SLICE_ENV`, from
+    `gpu_offsets`). `nodes` (an allocation over several nodes): the role's nodes, `--relative` to the
+    allocation's node list (no host names needed). On one node the step is one task, the controller, which starts
+    the role's processes; over k nodes it is `tasks` tasks, tasks/k per node, each a controller of one process
+    (the trainer's ranks: SLURM_PROCID, prime_values.dist), and one that fails ends the step (--kill-on-bad-exit):
+    the supervisor restarts the step as a whole. `cpus`: of the whole role; at most the allocation's per node."""
+    cap = int(os.environ.get("SLURM_CPUS_ON_NODE") or 0)
+    where = [] if not nodes or os.environ.get("SLURM_JOB_NUM_NODES", "1") == "1" else [f"--relative={nodes[0]}"]
+    if nodes and len(nodes) > 1:
+        per_task = max(1, cpus // tasks)
+        shape = [f"--nodes={len(nodes)}", f"--ntasks={tasks}", f"--ntasks-per-node={tasks // len(nodes)}",
+                 f"--cpus-per-task={min(per_task, cap) if cap else per_task}"]
+    else:
+        shape = ["--ntasks=1", "--nodes=1", f"--cpus-per-task={max(1, min(cpus, cap) if cap else cpus)}"]
+    return ["srun", "--overlap", *shape, *where, "--mem=0", f"--job-name=pv_{name}", "--kill-on-bad-exit=1",
+            "--quiet"]
 
 
 GPU_SLICE_ENV = "PRIME_VALUES_GPU_SLICE"  # 'a:b': the step's controller keeps CUDA_VISIBLE_DEVICES[a:b]
 
 
 def gpu_offsets(cfg) -> dict[str, int]:
-    """Where each GPU role's GPUs start among the allocation's: in the order the allocation is sized for
-    (`pipeline_processes`), each role the next ones; the warm start, which runs alone before them, from 0."""
-    offsets, first = {"warm_start": 0}, 0
+    """Where each GPU role's GPUs start among the allocation's on its node(s): in the order the allocation is sized
+    for (`pipeline_processes`), each role the next ones free on its nodes (a role over several nodes the same
+    positions on each); the warm start, which runs alone before them, from 0."""
+    roles = {spec.name: spec.role for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"])}
+    offsets, free_from = {"warm_start": 0}, {}
     for name, _, gpus in pipeline_processes(cfg):
         if gpus:
+            where = role_nodes(cfg, roles[name])
+            first = max(free_from.get(n, 0) for n in where)
             offsets[name] = first
-            first += gpus
+            for n in where:
+                free_from[n] = first + gpus // len(where)
     return offsets
+
+
+def lost_nodes() -> list[str]:
+    """Inside an allocation over several nodes: its nodes that SLURM finds down or not responding (sinfo's `*`), in
+    words ('vm-2 (down)'); [] on one node (the conductor's own: were it lost, nothing here would run) or when sinfo
+    does not answer."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    if not in_allocation() or os.environ.get("SLURM_JOB_NUM_NODES", "1") == "1" or not nodelist:
+        return []
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N|%t"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    lost = []
+    for line in sorted(set(out.split())):
+        name, _, state = line.partition("|")
+        if state.endswith("*") or state.startswith(("down", "fail", "boot", "pow")):
+            lost.append(f"{name} ({state.rstrip('*') or 'unknown'}{', not responding' if state.endswith('*') else ''})")
+    return lost
 
 
 def queued_line(job_id: str) -> str | None:
