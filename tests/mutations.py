@@ -81,8 +81,8 @@ MUTATIONS = [
              (f"{STEP}::test_ratio_compares_the_trainers_logprobs_with_the_sampling_ones",)),
     Mutation("trainer-ignores-temperature", "policy trainer", "the trainer's logprobs use the sampling temperature",
              "prime_values/roles/policy_trainer.py",
-             "            logprobs = token_logprobs(logits, ids, cfg.inference.temperature)",
-             "            logprobs = token_logprobs(logits, ids)",
+             "            logprobs = rollout_logprobs(model, micro, pad_id, device, cfg.inference.temperature,",
+             "            logprobs = rollout_logprobs(model, micro, pad_id, device, 1.0,",
              (f"{STEP}::test_trainer_logprobs_use_the_sampling_temperature[0.7]",)),
     # orchestrator
     Mutation("targets-are-advantages", "orchestrator", "the critic is trained on value targets",
