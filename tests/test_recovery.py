@@ -135,7 +135,7 @@ def _fleet(tmp_path, **launcher):
     from prime_values.conductor import Fleet, RoleJob
     from prime_values.rundir import RunDir
 
-    defaults = {"max_restarts": 2, "restart_window_s": 100.0, "restart_backoff_s": 2.0}
+    defaults = {"name": "local", "max_restarts": 2, "restart_window_s": 100.0, "restart_backoff_s": 2.0}
     cfg = SimpleNamespace(launcher=SimpleNamespace(**{**defaults, **launcher}))
     fleet = Fleet(RunDir(tmp_path), cfg)
     fleet.run.restarts_file.parent.mkdir(parents=True, exist_ok=True)
