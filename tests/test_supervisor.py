@@ -61,7 +61,8 @@ class _Jobs(Supervisor):
 
 
 def _supervisor(tmp_path, cls=Supervisor, **launcher) -> Supervisor:
-    defaults = {"name": "local", "max_restarts": 5, "restart_window_s": 3600.0, "restart_backoff_s": 0.0, "hang_timeout_s": None}
+    defaults = {"name": "local", "max_restarts": 5, "restart_window_s": 3600.0, "restart_backoff_s": 0.0,
+                "hang_timeout_s": None}
     run = RunDir(tmp_path)
     run.mkdirs()
     run.restarts_file.parent.mkdir(parents=True, exist_ok=True)

@@ -35,10 +35,10 @@ class TopologyConfig:
     value_trainer_device: str = free("cpu", DEVICE)
     """device of the value trainer (and of the evaluator when colocated)"""
     threads_per_role: int = ranged(0, ">= 0")
-    """torch CPU threads of each role process; 0 = auto: OMP_NUM_THREADS when set, a SLURM step's own CPUs (SLURM_CPUS_PER_TASK), else the
-    machine's usable cores split evenly among the run's model processes (resolved.cpu_processes), at least 1 each
-    (launch.role_threads): the budgets then sum to the cores the roles share wherever there are as many cores as
-    processes (on 2 cores the 4 processes of the embedded run get 1 each)"""
+    """torch CPU threads of each role process; 0 = auto: OMP_NUM_THREADS when set, a SLURM step's own CPUs
+    (SLURM_CPUS_PER_TASK), else the machine's usable cores split evenly among the run's model processes
+    (resolved.cpu_processes), at least 1 each (launch.role_threads): the budgets then sum to the cores the roles
+    share wherever there are as many cores as processes (on 2 cores the 4 processes of the embedded run get 1 each)"""
     policy_trainer_procs: int = ranged(1, ">= 1")
     """processes of the policy trainer: > 1 trains with torch.distributed + FSDP2, one process per GPU (GPUs
     consecutive from policy_trainer_device: cuda:2 with 2 processes uses cuda:2 and cuda:3; on SLURM the job
