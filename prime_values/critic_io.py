@@ -1,5 +1,5 @@
 """The critic's view of a rollout, shared by the value evaluator (scoring), the value trainer and the warm start
-(training): library code the roles use (docs/design.md §6), built on algo and models; the right-padding helpers
+(training): library code the roles use (docs/design.md §6), built on algo and models; the right-padding functions
 (`padded`, `attention_mask`) and sequence packing (`Packing`) serve the policy trainer and the orchestrator too.
 
 The privileged context is folded in as a text block before the whole trace, or between the prompt and the

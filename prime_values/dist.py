@@ -17,7 +17,7 @@ multiplied by n / N × world (N = the batch's tokens over all ranks; `loss_scale
 arguments: no state of this module). Publishing gathers the
 full state dict onto rank 0's CPU (`unsharded`), which saves it with the usual `save_pretrained`.
 
-With one process (the default) every helper is a no-op and the trainers run exactly as before.
+With one process (the default) every function here is a no-op and the trainers run exactly as before.
 """
 
 from __future__ import annotations

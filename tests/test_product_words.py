@@ -17,9 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 # the work-unit nouns, spelled in pieces (see the module docstring)
 UNITS = ["sess" + "ion", "st" + "op", "iss" + "ue", "hel" + "per", "sub" + "agent"]
 NOUN = "(?:" + "|".join(UNITS) + ")s?"
-# a unit and its number: "<unit> 18", "<unit>-18's", "<unit> #8", "<unit>32" in a file name; not a decimal such as
-# 0.4 (a threshold) nor a time such as 16:30
-NUMBERED = re.compile(r"(?<![A-Za-z])" + NOUN + r"[ _#-]{0,2}\d+(?![.:]\d)(?![A-Za-z])", re.I)
+# a unit and its number: "<unit> 18", "<unit>-18's", "<unit> #8", "<unit>32" in a file name, "<unit> 0.4" (a
+# reader cannot tell it from a work-log number: "the stop at 0.4" says what it is); not a time such as 16:30
+NUMBERED = re.compile(r"(?<![A-Za-z])" + NOUN + r"[ _#-]{0,2}\d+(?!:\d)(?![A-Za-z])", re.I)
 # the same nouns in phrases that only a work log uses
 WHEN = ["this", "last", "previous", "next", "earlier", "later", "another", "other", "the " + "lead's"]
 PHRASES = re.compile(

@@ -1,4 +1,4 @@
-"""Atomic-publication helpers shared by the log and the weights store (stdlib only).
+"""Atomic-publication functions shared by the log and the weights store (stdlib only).
 
 Every file other roles may read is written under a hidden temporary name in the same directory,
 fsync'd, renamed into place, and the directory fsync'd: after a crash a reader sees the old version or
