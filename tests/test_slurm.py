@@ -4,8 +4,10 @@ here: not root, or apt cannot install the packages. Each test uses its own submi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +19,10 @@ import pytest
 from prime_values.launch.slurm import FINISHED, cancel_all, job_states, make_slurm_executor, parse_extra_sbatch
 
 ROOT = Path(__file__).resolve().parents[1]
-START = ROOT / "launchers" / "local_slurm" / "start.sh"
+sys.path.insert(0, str(ROOT / "launchers" / "local_slurm"))
+import cluster  # noqa: E402  (launchers/local_slurm/cluster.py: the local cluster, driven from Python)
+
+START = cluster.START
 SKIP_CODES = {2, 3}  # start.sh: not root | cannot install the packages
 
 # The jobs unpickle these test functions; the tests directory is not importable there, so send them by value.
@@ -124,12 +129,7 @@ def test_cancel_all_cancels_a_sleeping_job(slurm, tmp_path):
 
 
 # the full critic pipeline, small: gae, privileged critic, dedicated evaluator, a two-process policy trainer
-PIPELINE = ["+experiment=arith", "steps=4", "eval_every=4", "policy.warm_start.steps=5", "critic.warm_start.steps=3",
-            "critic.warm_start.rollouts=16", "task.heldout_size=8", "inference.prompts_per_step=2",
-            "inference.group_size=2", "replay.min_rollouts=4", "critic.batch_rollouts=4", "critic.publish_every=1",
-            "policy.arch.hidden_size=64", "policy.arch.num_heads=2", "policy.arch.num_kv_heads=1",
-            "policy.arch.intermediate_size=128", "topology.policy_trainer_procs=2", "launcher=slurm",
-            "launcher.cpus=2", "launcher.poll_s=0.5", "launcher.stop_grace_s=15"]
+PIPELINE = cluster.PIPELINE  # the small critic pipeline the SLURM tests run
 
 
 def cli(*args, timeout=600):
@@ -385,27 +385,15 @@ def test_a_pipeline_asking_for_more_gpus_than_the_partition_has_fails_in_one_lin
     assert not (tmp_path / "run").exists()
 
 
-def _start(**settings) -> str:
-    proc = subprocess.run([str(START)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "LOCAL_SLURM_CPUS": "", **settings})
-    assert proc.returncode == 0, f"start.sh exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout
-
-
-def _nodes() -> dict[str, int]:
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%c"], capture_output=True, text=True).stdout
-    return {name: int(cpus) for name, cpus in (line.split("|") for line in out.split())}
-
-
 @pytest.mark.slow  # a real SLURM daemon, restarted twice
 def test_two_nodes_on_one_host(slurm):
     """LOCAL_SLURM_NODES=2: two slurmd on this host (`slurmd -N`, a port each) share the machine's CPUs; a job over
     both nodes runs one task on each. The one-node cluster the other tests use comes back after."""
-    single = _nodes()
+    single = cluster.nodes()
     assert len(single) == 1, single
     try:
-        assert "2 nodes" in _start(LOCAL_SLURM_NODES="2")
-        nodes = _nodes()
+        assert "2 nodes" in cluster.start(LOCAL_SLURM_NODES="2")
+        nodes = cluster.nodes()
         assert len(nodes) == 2 and sum(nodes.values()) == sum(single.values()), (nodes, single)
         out = subprocess.run(["srun", "--nodes=2", "--ntasks=2", "--mem=100M", "bash", "-c",
                               "echo $SLURM_PROCID $SLURMD_NODENAME $SLURM_STEP_NUM_NODES"],
@@ -414,30 +402,51 @@ def test_two_nodes_on_one_host(slurm):
         tasks = sorted(line.split() for line in out.stdout.splitlines())
         assert tasks == [["0", sorted(nodes)[0], "2"], ["1", sorted(nodes)[1], "2"]], (tasks, nodes)
     finally:
-        _start(LOCAL_SLURM_NODES="")
-    assert _nodes() == single
+        cluster.start(LOCAL_SLURM_NODES="")
+    assert cluster.nodes() == single
 
 
-def _hostnames(nodelist: str) -> list[str]:
-    return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                          check=True).stdout.split()
+def _pipeline_jobs(run_dir: Path) -> list[str]:
+    return [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
 
 
-def _kill_rank(run_dir: Path, name: str, rank: int) -> bool:
-    """SIGKILL one process of a role's srun step: the task whose submitit rank is `rank` (a crash of one rank)."""
-    import psutil
+@contextlib.contextmanager
+def _two_node_pipeline(tmp_path: Path, steps: int, *overrides: str):
+    """The small pipeline on the two-node cluster (launcher.nodes=2, the policy trainer's two ranks one on each
+    node): yields the submitting command (a Popen), its run directory and the node names. Leaves no allocation
+    behind and restores the one-node cluster the other tests use, also when the test fails."""
+    single = cluster.nodes()
+    run_dir = tmp_path / "run"
+    args = [*cluster.two_node_pipeline(steps), *overrides]
+    proc = None
+    try:
+        assert "2 nodes" in cluster.start(LOCAL_SLURM_NODES="2")
+        names = sorted(cluster.nodes())
+        assert len(names) == 2, names
+        proc = subprocess.Popen([sys.executable, "-m", "prime_values", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+        yield proc, run_dir, names
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+        if _pipeline_jobs(run_dir):
+            subprocess.run(["scancel", *_pipeline_jobs(run_dir)], capture_output=True)
+        cluster.start(LOCAL_SLURM_NODES="")
+    assert cluster.nodes() == single
 
-    from prime_values.launch import folder_processes
 
-    for proc in folder_processes(run_dir / "jobs" / name):
-        try:
-            if "submitit.core._submit" in proc.cmdline() and \
-                    proc.environ().get("SUBMITIT_LOCAL_GLOBALID") == str(rank):
-                proc.kill()
-                return True
-        except psutil.Error:
-            continue
-    return False
+def _finished(proc, run_dir: Path, steps: int) -> tuple[str, str]:
+    """Wait for the submitting command; assert the run finished every step and prime_values.tools.check finds
+    nothing lost. Returns its output and the conductors' (every allocation's) output."""
+    out, _ = proc.communicate(timeout=1800)  # a guard against a hang, not a bound on the run's time
+    assert proc.returncode == 0, out[-4000:]
+    assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == str(steps)
+    check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    inside = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs" / "pipeline").glob("*_log.out"))
+    return out, inside
 
 
 @pytest.mark.slow  # a real SLURM daemon, restarted twice
@@ -445,38 +454,25 @@ def test_the_pipeline_runs_over_two_nodes(slurm, tmp_path):
     """LOCAL_SLURM_NODES=2 and launcher.nodes=2: one allocation over both nodes, the generation side (inference,
     evaluator, orchestrator) beside the conductor on node 0, the value trainer on node 1, and the policy trainer's
     two FSDP ranks one on each node (launcher.placement.policy_trainer=[0, 1]: one srun step of two tasks, gloo
-    over TCP, rendezvous through its job folder). Rank 1 is killed mid-run: the step ends as a whole and the
-    supervisor restarts it. The run finishes, each role ran on its node (SLURM's accounting and the controllers'
-    exit states say so), both ranks trained, prime_values.tools.check finds nothing lost; the one-node cluster the other
-    tests use comes back after, also when the test fails."""
-    single = _nodes()
-    run_dir = tmp_path / "run"
-    args = [o for o in PIPELINE if not o.startswith(("steps=", "eval_every=", "launcher.cpus="))]
-    args += ["steps=6", "eval_every=6", "launcher.cpus=1", "launcher.nodes=2",
-             "launcher.placement.policy_trainer=[0,1]"]
-    proc = None
-    try:
-        assert "2 nodes" in _start(LOCAL_SLURM_NODES="2")
-        names = sorted(_nodes())
-        assert len(names) == 2, names
-        proc = subprocess.Popen([sys.executable, "-m", "prime_values", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+    over TCP, rendezvous through its job folder). Rank 1 is killed mid-run, and later frozen (SIGSTOP: a rank
+    stuck, so rank 0 waits in a collective and the step's heartbeat goes silent): each time the step ends as a
+    whole and the supervisor restarts it. The run finishes, each role ran on its node (SLURM's accounting and the
+    controllers' exit states say so), both ranks trained, prime_values.tools.check finds nothing lost."""
+    from prime_values.tools.chaos import signal_rank
+
+    with _two_node_pipeline(tmp_path, 8, "launcher.hang_timeout_s=30") as (proc, run_dir, names):
         _wait_step(run_dir, 2, proc, timeout=1800)
-        assert _kill_rank(run_dir, "policy_trainer", 1), "no rank 1 of the policy trainer to kill"
-        out, _ = proc.communicate(timeout=1800)  # a guard against a hang, not a bound on the run's time
-        assert proc.returncode == 0, out[-4000:]
+        assert signal_rank(run_dir, "policy_trainer", 1, signal.SIGKILL), "no rank 1 of the policy trainer to kill"
+        _wait_step(run_dir, 5, proc, timeout=1800)
+        assert signal_rank(run_dir, "policy_trainer", 1, signal.SIGSTOP), "no rank 1 of the policy trainer to stop"
+        out, inside = _finished(proc, run_dir, 8)
         assert ("one allocation for the pipeline: 1 CPUs on each of 2 nodes (node 0: inference0, evaluator, "
                 "orchestrator, policy_trainer, the conductor; node 1: policy_trainer, value_trainer)") in out, \
             out[:3000]
-        assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "6"
-        check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], capture_output=True,
-                               text=True)
-        assert check.returncode == 0, check.stdout + check.stderr
-        inside = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs" / "pipeline").glob("*_log.out"))
         assert "role policy_trainer failed: killed by signal 9 (process 1 of 2, on node " in inside, inside[-3000:]
+        assert "role policy_trainer failed: hung: no heartbeat for " in inside, inside[-3000:]
         # SLURM's own record of where each step ran
-        pipeline = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        pipeline = _pipeline_jobs(run_dir)
         assert len(pipeline) == 1, pipeline
         where: dict[str, set] = {}
         deadline = time.monotonic() + 20  # sacct records the steps a moment after they end
@@ -487,7 +483,7 @@ def test_the_pipeline_runs_over_two_nodes(slurm, tmp_path):
             for line in out_.splitlines():
                 step, _, nodelist = line.partition("|")
                 if step.startswith("pv_") and nodelist and nodelist != "None assigned":
-                    where.setdefault(step, set()).add(tuple(_hostnames(nodelist)))
+                    where.setdefault(step, set()).add(tuple(cluster.hostnames(nodelist)))
             if {"pv_inference0", "pv_evaluator", "pv_orchestrator", "pv_policy_trainer", "pv_value_trainer"} <= \
                     set(where):
                 break
@@ -495,7 +491,7 @@ def test_the_pipeline_runs_over_two_nodes(slurm, tmp_path):
         for step in ("pv_inference0", "pv_evaluator", "pv_orchestrator"):
             assert where.get(step) == {(names[0],)}, where
         assert where.get("pv_value_trainer") == {(names[1],)}, where
-        assert where.get("pv_policy_trainer") == {tuple(names)}, where  # each of its steps (one restarted) on both
+        assert where.get("pv_policy_trainer") == {tuple(names)}, where  # each of its steps (two restarted) on both
         # the policy trainer's controllers: one per node, each its rank; both ranks joined the gloo group
         folder = run_dir / "jobs" / "policy_trainer"
         nodes_of = {}
@@ -506,42 +502,6 @@ def test_the_pipeline_runs_over_two_nodes(slurm, tmp_path):
         for rank in (0, 1):
             logs = "".join(p.read_text(errors="replace") for p in folder.glob(f"*_{rank}_log.err"))
             assert f"prime_values.dist: rank {rank} of 2 (gloo) on node {names[rank]}" in logs, logs[-2000:]
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-        jobs = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
-        if jobs:  # a failed test leaves no allocation behind on the cluster it restores
-            subprocess.run(["scancel", *jobs], capture_output=True)
-        _start(LOCAL_SLURM_NODES="")
-    assert _nodes() == single
-
-
-def _lose_node(name: str) -> list[int]:
-    """What a power loss of node `name` of the emulated cluster does: SIGKILL its slurmd, every step daemon it
-    started (found by their sockets in the node's spool directory; they run detached from slurmd) and the role
-    processes under them; then mark it DOWN, as slurmctld itself does once the node has not answered for
-    SlurmdTimeout (300 s here) and a health check or an administrator does sooner. Returns the pids killed."""
-    import psutil
-
-    state = Path(os.environ.get("LOCAL_SLURM_STATE", "/var/lib/prime-values-slurm"))
-    spool = f"{state / 'slurmd' / name}/"
-    daemons = [psutil.Process(int((state / "run" / f"slurmd-{name}.pid").read_text()))]
-    for proc in psutil.process_iter(["name"]):
-        try:
-            if (proc.info["name"] or "").startswith("slurmstepd") and any(
-                    str(c.laddr).startswith(spool) for c in proc.net_connections(kind="unix")):
-                daemons.append(proc)
-        except psutil.Error:
-            continue
-    killed = []
-    for proc in [p for d in daemons for p in (d, *d.children(recursive=True))]:
-        try:
-            proc.kill()
-            killed.append(proc.pid)
-        except psutil.Error:
-            continue
-    subprocess.run(["scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=lost"], check=True)
-    return killed
 
 
 @pytest.mark.slow  # a real SLURM daemon, restarted three times
@@ -551,42 +511,17 @@ def test_a_lost_node_ends_the_allocation_and_the_pipeline_resumes_in_a_fresh_one
     submitting command submits a fresh one (over several nodes it does not let SLURM requeue the old one:
     prime_values.submitter), which waits for two nodes, starts once the node is back, and its conductor resumes the
     run from the run directory. The run finishes all its steps and prime_values.tools.check finds nothing lost."""
-    single = _nodes()
-    run_dir = tmp_path / "run"
-    args = [o for o in PIPELINE if not o.startswith(("steps=", "eval_every=", "launcher.cpus="))]
-    args += ["steps=12", "eval_every=12", "launcher.cpus=1", "launcher.nodes=2",
-             "launcher.placement.policy_trainer=[0,1]"]
-    proc = None
-    try:
-        _start(LOCAL_SLURM_NODES="2")
-        names = sorted(_nodes())
-        proc = subprocess.Popen([sys.executable, "-m", "prime_values", *args, f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+    with _two_node_pipeline(tmp_path, 12) as (proc, run_dir, names):
         _wait_step(run_dir, 3, proc, timeout=1800)
-        pipeline = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
+        pipeline = _pipeline_jobs(run_dir)
         assert len(pipeline) == 1, pipeline
-        assert _lose_node(names[1]), f"nothing of node {names[1]} to kill"
-        while len(list((run_dir / "jobs" / "pipeline").glob("*_submitted.pkl"))) < 2:  # the fresh allocation
+        assert cluster.lose_node(names[1]), f"nothing of node {names[1]} to kill"
+        while len(_pipeline_jobs(run_dir)) < 2:  # the fresh allocation
             assert proc.poll() is None, "the submitting command ended instead of resubmitting the pipeline"
             time.sleep(0.5)
-        _start(LOCAL_SLURM_NODES="2")  # the node comes back (ReturnToService=2: it is taken into service)
-        out, _ = proc.communicate(timeout=1800)  # a guard against a hang, not a bound on the run's time
-        assert proc.returncode == 0, out[-4000:]
-        assert (run_dir / "weights" / "policy" / "LATEST").read_text().strip() == "12"
-        check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], capture_output=True,
-                               text=True)
-        assert check.returncode == 0, check.stdout + check.stderr
-        inside = "".join(p.read_text(errors="replace") for p in (run_dir / "jobs" / "pipeline").glob("*_log.out"))
+        cluster.start(LOCAL_SLURM_NODES="2")  # the node comes back (ReturnToService=2: it is taken into service)
+        out, inside = _finished(proc, run_dir, 12)
         assert inside.count("prime_values: run directory") == 2, "the second allocation did not run the conductor"
         assert "the pipeline's allocation was lost (NODE_FAIL); resubmitted as job" in out, out[-3000:]
         if slurm["AccountingStorageType"] != "accounting_storage/none":
             assert [row[2].split()[0] for row in sacct_rows(pipeline[0]) if row[0] == pipeline[0]] == ["NODE_FAIL"]
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-        jobs = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
-        if jobs:
-            subprocess.run(["scancel", *jobs], capture_output=True)
-        _start(LOCAL_SLURM_NODES="")
-    assert _nodes() == single

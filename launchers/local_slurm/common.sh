@@ -11,6 +11,8 @@ fi
 ACCOUNTING=${LOCAL_SLURM_ACCOUNTING:-1}                  # 1: slurmdbd + a private MariaDB, so sacct works
 CLUSTER=${LOCAL_SLURM_CLUSTER:-pvlocal}
 PARTITION=${LOCAL_SLURM_PARTITION:-debug}
+URGENT=${LOCAL_SLURM_URGENT_PARTITION:-urgent}          # its jobs preempt those of $PARTITION
+SLURMD_TIMEOUT=${LOCAL_SLURM_SLURMD_TIMEOUT:-300}        # s before a silent node is DOWN (SLURM's default)
 FEATURES=${LOCAL_SLURM_FEATURES:-local}                  # node features, for --constraint
 CTLD_PORT=${LOCAL_SLURM_CTLD_PORT:-6817}
 SLURMD_PORT=${LOCAL_SLURM_SLURMD_PORT:-6818}

@@ -100,7 +100,7 @@ render() {  # render TEMPLATE: substitute @VARS@
         -e "s|@DB_PORT@|$DB_PORT|g; s|@DB_PASS@|$DB_PASS|g; s|@NODE_HW@|$NODE_HW|g" \
         -e "s|@DEF_MEM_PER_CPU@|$DEF_MEM_PER_CPU|g; s|@ACCOUNTING@|$ACCT|g" \
         -e "s|@GRES_TYPES@|$GRES_TYPES|g; s|@GRES_LINES@|$GRES_LINES|g; s|@NODE_LINES@|$NODE_LINES|g" \
-        -e "s|@NODE_LIST@|$NODE_LIST|g" "$1"
+        -e "s|@NODE_LIST@|$NODE_LIST|g; s|@URGENT@|$URGENT|g; s|@SLURMD_TIMEOUT@|$SLURMD_TIMEOUT|g" "$1"
 }
 # install_conf TEMPLATE DEST MODE: write DEST if it changed; returns 0 when it changed
 install_conf() {

@@ -78,6 +78,24 @@ def signal_role(run_dir: Path, name: str, signum: int = signal.SIGKILL) -> bool:
     return sent
 
 
+def signal_rank(run_dir: Path, name: str, rank: int, signum: int = signal.SIGKILL) -> bool:
+    """Send `signum` to one rank of a role of several processes (its task whose SUBMITIT_LOCAL_GLOBALID is `rank`)
+    and the processes under it: a crash of that rank (SIGKILL), or a rank stuck in a collective (SIGSTOP: the other
+    ranks then wait on it, so the whole step's heartbeat goes silent). False when no such task lives now."""
+    sent = False
+    for proc in role_processes(Path(run_dir), name):
+        try:
+            if "submitit.core._submit" not in proc.cmdline() or \
+                    proc.environ().get("SUBMITIT_LOCAL_GLOBALID") != str(rank):
+                continue
+            for target in (proc, *proc.children(recursive=True)):
+                target.send_signal(signum)
+            sent = True
+        except psutil.Error:
+            continue
+    return sent
+
+
 def kill_role(run_dir: Path, name: str) -> bool:
     return signal_role(run_dir, name, signal.SIGKILL)
 
