@@ -14,16 +14,20 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REP
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
 
+def outside_fences(text: str) -> str:
+    """The text outside fenced code blocks."""
+    return re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", text, flags=re.M | re.S)
+
+
 def prose(text: str) -> str:
     """The text outside fenced code blocks and inline code spans."""
-    text = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", text, flags=re.M | re.S)
-    return re.sub(r"`[^`\n]*`", "", text)
+    return re.sub(r"`[^`\n]*`", "", outside_fences(text))
 
 
 def anchors(page: Path) -> set[str]:
-    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    """GitHub's heading anchors: lower case, punctuation dropped (a code span's text kept), spaces to hyphens."""
     found = set()
-    for heading in re.findall(r"^#{1,6}\s+(.*?)\s*#*\s*$", prose(page.read_text()), flags=re.M):
+    for heading in re.findall(r"^#{1,6}\s+(.*?)\s*#*\s*$", outside_fences(page.read_text()), flags=re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
         found.add(slug)
     return found
@@ -106,3 +110,10 @@ def test_the_code_reference_checker_catches_a_bad_one(tmp_path):
     assert code_references(code) == ["DESIGN.md (not in the repository: cite docs/design.md)", "docs/design.md §9",
                                      "docs/nowhere.md"]
     assert {"1", "2", "2.1", "3", "3.1"} <= sections(REPO / "docs" / "design.md")
+
+
+def test_anchors_are_githubs(tmp_path):
+    """A heading's code span keeps its text in the anchor, as on GitHub; a heading inside a fence is none."""
+    page = tmp_path / "page.md"
+    page.write_text("# Top\n### Several nodes: `launcher.nodes`\n```\n# not a heading\n```\n## What it costs (s)\n")
+    assert anchors(page) == {"top", "several-nodes-launchernodes", "what-it-costs-s"}
