@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from prime_values.models import sampling
 from prime_values.models import (
     build_char_tokenizer,
     build_critic,
@@ -205,3 +206,67 @@ def test_greedy_is_deterministic_and_batch_independent(tok, policy_dir):
     # greedy == temperature-0 sampling
     comps = sample(model, prompts, 1, 8, 0.0, tok.eos_token_id, tok.pad_token_id, seed=5)
     assert [c.response_ids for c in comps] == a
+
+
+def test_finished_rows_leave_the_batch_and_change_no_result(tok, policy_dir):
+    """A row that has produced its eos leaves the decode batch (sampling.DROP_FINISHED_SHARE): later forwards see
+    fewer rows, and the greedy replies and their logprobs are those of the path that decodes every row to the end."""
+    model = load_policy(policy_dir)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    prompts = [tok.encode(s) for s in ["12+34=", "5+7=", "99*99=", "1=", "3-2=", "45+6=", "7*8=", "100-1="]] * 4
+    rows_seen: list[int] = []
+
+    def eos_at_every_7th_position(mod, args, kwargs, out):  # replies end at lengths set by their prompt's length
+        rows_seen.append(kwargs["input_ids"].shape[0])
+        out.logits[:, -1, eos] += 1e4 * (kwargs["position_ids"][:, -1] % 7 == 0)
+
+    handle = model.register_forward_hook(eos_at_every_7th_position, with_kwargs=True)
+    try:
+        old = sample(model, prompts, 1, 12, 0.0, eos, pad, seed=0, drop_finished=False, share_prompts=False)
+        rows_seen.clear()
+        new = sample(model, prompts, 1, 12, 0.0, eos, pad, seed=0, share_prompts=False)
+    finally:
+        handle.remove()
+    assert len({len(c.response_ids) for c in old}) > 2, [len(c.response_ids) for c in old]
+    assert [c.response_ids for c in new] == [c.response_ids for c in old]
+    assert [c.stop_reason for c in new] == [c.stop_reason for c in old]
+    for a, b in zip(new, old):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    assert rows_seen[0] == len(prompts) and rows_seen[-1] < len(prompts), rows_seen
+    assert rows_seen == sorted(rows_seen, reverse=True)
+    # each decode step holds the rows still decoding and fewer finished ones than DROP_FINISHED_SHARE of it
+    needed = sum(len(c.response_ids) - 1 for c in old)
+    assert sum(rows_seen[1:]) < needed / (1 - sampling.DROP_FINISHED_SHARE), (rows_seen, needed)
+
+
+def test_what_the_prompts_share_is_computed_once(tok, policy_dir):
+    """share_prompts: the prefix common to every row is one row's forward, each distinct prompt's rest one more
+    (a group's samples share it), and the cache is copied out to the rows. Greedy replies and logprobs are those of
+    the path that computes every row whole; sampled logprobs are those of teacher forcing."""
+    model = load_policy(policy_dir)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    prompts = [tok.encode(s) for s in ["Q: 12+34=", "Q: 5+7=", "Q: 99*99=", "Q: 1="]]
+    head = tok.encode("Q: ")
+    assert all(p[:len(head)] == head for p in prompts) and len({p[len(head)] for p in prompts}) > 1
+    shared = len(head)  # the prefix every prompt shares, and no more
+    rows_seen: list[tuple[int, int]] = []
+    handle = model.register_forward_pre_hook(
+        lambda mod, args, kwargs: rows_seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        whole = sample(model, prompts, 3, 8, 0.0, eos, pad, seed=0, share_prompts=False)
+        assert rows_seen[0] == (12, max(len(p) for p in prompts)), rows_seen
+        rows_seen.clear()
+        once = sample(model, prompts, 3, 8, 0.0, eos, pad, seed=0)
+        assert rows_seen[0] == (1, shared) and rows_seen[1] == (4, max(len(p) for p in prompts) - shared), rows_seen
+        assert rows_seen[2][0] == 12, rows_seen  # the decode holds every row
+        sampled = sample(model, prompts, 3, 8, 1.0, eos, pad, seed=0)
+    finally:
+        handle.remove()
+    assert [c.response_ids for c in once] == [c.response_ids for c in whole]
+    for a, b in zip(once, whole):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    ref = teacher_forced_logprobs(model, [prompts[c.prompt_index] for c in sampled],
+                                  [c.response_ids for c in sampled], 1.0, pad)
+    for c, r in zip(sampled, ref):
+        assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(r), atol=1e-4)  # as in the tests above
+    assert greedy(model, [prompts[0]] * 2, 8, eos, pad) == [whole[0].response_ids] * 2  # one distinct prompt
