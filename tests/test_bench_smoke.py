@@ -1,5 +1,6 @@
 """The log benchmark still runs end to end (tiny sizes) and prints its ratio lines."""
 
+import json
 import re
 import shutil
 import subprocess
@@ -297,3 +298,20 @@ def test_equal_budget_grid_runs_g1_and_g2_and_a_rerun_skips_finished_runs(tmp_pa
     third = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert third.returncode == 0 and "-> rc" not in third.stdout and "not rebuilt" in third.stdout, third.stdout
     assert json.loads((tmp_path / "grid" / "equal_budget.json").read_text())["summary"] == summary
+
+
+def test_bench_heldout_compares_the_two_decodes_on_a_checkpoint(tmp_path):
+    """bench/bench_heldout.py on the tests' warm-started checkpoint and arith's held-out problems: both decodes run,
+    the old one computes more token positions than the new (its short replies leave the batch), the replies agree,
+    and the JSON holds both."""
+    from e2e_helpers import checkpoint
+
+    out = subprocess.run([sys.executable, "bench/bench_heldout.py", "--experiment", "arith", "--model",
+                          str(checkpoint() / "weights" / "policy" / "0"), "--heldout", "32", "--threads", "1",
+                          "--json", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads((tmp_path / "r.json").read_text())
+    old, new = result["runs"]["old"][0], result["runs"]["new"][0]
+    assert old["positions_computed"] > new["positions_computed"] > 0, result
+    assert old["reply_tokens"] == new["reply_tokens"] and result["replies_differ"] == 0, result
+    assert "old / new: wall" in out.stdout, out.stdout
