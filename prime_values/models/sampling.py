@@ -160,18 +160,21 @@ def _batched(model, prompts, max_new_tokens, temperature, eos_id, pad_id, seed, 
 
 def sample(model, prompts: list[list[int]], num_samples: int, max_new_tokens: int, temperature: float,
            eos_id: int, pad_id: int, seed: int, batch_size: int | None = None,
-           drop_finished: bool = True, share_prompts: bool = True) -> list[Completion]:
+           drop_finished: bool | None = None, share_prompts: bool = True) -> list[Completion]:
     """``num_samples`` completions per prompt, grouped by prompt (prompt 0's samples first).
 
     ``temperature <= 0`` decodes greedily (logprobs then at temperature 1).
     ``batch_size`` caps the rows decoded together (default: all ``len(prompts) * num_samples``).
-    ``drop_finished``: a finished row leaves the batch; ``share_prompts``: the prefix every row shares and each
-    prompt's rest are computed once (``_prefill``). False for both is the path that computes every row whole, for
-    comparisons; samples at temperature > 0 differ from its (the generator serves fewer rows), with the same
-    distribution.
+    ``drop_finished``: a finished row leaves the batch; the default (None) does so when decoding greedily, where
+    the replies are the same either way; at temperature > 0 a dropped row would change what the generator draws
+    for the others, so a seed's samples would not be what they were. ``share_prompts``: the prefix every row
+    shares and each prompt's rest are computed once (``_prefill``; it draws nothing). False for both is the path
+    that computes every row whole, for comparisons.
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
+    if drop_finished is None:
+        drop_finished = temperature <= 0
     rows = [p for p in prompts for _ in range(num_samples)]
     if not rows:
         return []
