@@ -211,7 +211,7 @@ def test_colocated_scoring_and_many_workers(tmp_path):
     run = make_run(tmp_path, workers=6, evaluator="colocated")
     write_metrics(run, "value_trainer", [{"time": NOW - 100 + 5 * b, "scored": 8, "states_per_s": 1000.0,
                                           "score_s": 1.0} for b in range(3)])
-    lines = LiveView(run, 100, out=io.StringIO(), tty=True).lines()
+    lines = view(run, tty=True)[0].lines()  # 200 columns: not the terminal the tests run in
     roles = [line.split()[0] for line in lines[2:]]
     assert "evaluator" not in roles and roles.count("inference") == 1  # six workers on one line
     workers = next(line for line in lines if line.split()[0] == "inference")
