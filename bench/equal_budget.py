@@ -44,7 +44,11 @@ rollouts, steps, eval_every, heldout, overrides; a record of other parameters is
 `<sha>`, the first 12 hex digits of the SHA-256 of the checkpoint's version 0 (policy and critic weights).
 A rerun skips a run that has a record of the same checkpoint sha and grid; a checkpoint whose every asked-for
 run is recorded is not rebuilt. A checkpoint rebuilt on another machine that comes out different (another sha)
-is a different checkpoint: the report keeps its runs apart (target, tokens, seeds), never pools them.
+is a different checkpoint: the report keeps its runs apart (target, tokens, seeds), never pools them. (The warm
+start's kernels differ between machines of one kind, and an SFT that stops at a validation threshold amplifies a
+rounding; so a built base is also kept, `<records>/ckpt<C>-<sha>/base`: its version-0 weights, warm-start metrics,
+config and summary, ~25 MB, committed. Where `<out>` has no base of checkpoint C and the records keep one, it is
+copied in instead of rebuilt: every machine then continues the same checkpoint.)
 
 Beside the table, every cell is compared with the reference paired by (checkpoint, RL seed), with 95% bootstrap
 intervals of the mean paired difference (bench/budget_stats.py): final accuracy, mean accuracy over the tokens both
@@ -154,6 +158,30 @@ def seed_run(base: Path, run: Path, models: tuple[str, ...]) -> None:
     for model in models:
         shutil.copytree(base / "weights" / model / "0", run / "weights" / model / "0")
         (run / "weights" / model / "LATEST").write_text("0\n")
+
+
+KEPT = ("weights/policy/0", "weights/critic/0", "metrics/warm_start.jsonl", "report/summary.json", "config.yaml")
+
+
+def keep_base(base: Path, records: Path, ckpt: int, sha: str) -> None:
+    """Keep what the runs of a checkpoint need of its base (KEPT) beside their records, once."""
+    kept = records / f"ckpt{ckpt}-{sha}" / "base"
+    if kept.is_dir():
+        return
+    tmp = kept.with_name("base.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for rel in KEPT:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if (base / rel).is_dir() else shutil.copy2)(base / rel, tmp / rel)
+    for model in ("policy", "critic"):
+        (tmp / "weights" / model / "LATEST").write_text("0\n")
+    tmp.rename(kept)  # whole or absent
+
+
+def kept_base(records: Path, ckpt: int) -> Path | None:
+    """The base of checkpoint `ckpt` kept beside the records (the one with the most records where several are)."""
+    kept = [b for b in records.glob(f"ckpt{ckpt}-*/base") if base_done(b)] if records.is_dir() else []
+    return max(kept, key=lambda b: len(list(b.parent.glob("*/seed*.json"))), default=None)
 
 
 def checkpoint_sha(base: Path) -> str:
@@ -299,6 +327,10 @@ def run_grid(args, cells, common: list[str]) -> int:
         if not base_done(base) and recorded_sha(records, key, c, wanted):
             print(f"checkpoint {c}: every asked-for run is recorded under {records}; not rebuilt")
             continue
+        if not base_done(base) and kept_base(records, c) is not None:
+            shutil.rmtree(base, ignore_errors=True)
+            shutil.copytree(kept_base(records, c), base)
+            print(f"checkpoint {c}: the base kept in {kept_base(records, c)} copied in, not rebuilt")
         if not base_done(base):
             if too_late(args.stop_after):
                 print(f"stop-after {args.stop_after} UTC passed: base of checkpoint {c} not started")
@@ -319,6 +351,8 @@ def run_grid(args, cells, common: list[str]) -> int:
                     failures += 1
                     continue
         sha = checkpoint_sha(base)
+        if not args.smoke:
+            keep_base(base, records, c, sha)
         for s in args.seeds:  # every cell at seed 0 first: a stopped grid still compares all cells
             for name, kind, g, extra in cells:
                 sweep = out / f"ckpt{c}" / name

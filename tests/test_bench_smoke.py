@@ -315,3 +315,34 @@ def test_bench_heldout_compares_the_two_decodes_on_a_checkpoint(tmp_path):
     assert old["positions_computed"] > new["positions_computed"] > 0, result
     assert old["reply_tokens"] == new["reply_tokens"] and result["replies_differ"] == 0, result
     assert "old / new: wall" in out.stdout, out.stdout
+
+
+def test_equal_budget_keeps_a_built_base_beside_the_records_and_copies_it_in_instead_of_rebuilding(tmp_path):
+    """A base is kept once (weights at version 0, warm-start metrics, config, summary) under its sha's records, and a
+    grid directory without a base gets that copy: the same sha, so its runs continue the same checkpoint."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import equal_budget
+
+    base, records = tmp_path / "grid" / "ckpt0" / "base", tmp_path / "records"
+    for model in ("policy", "critic"):
+        (base / "weights" / model / "0").mkdir(parents=True)
+        (base / "weights" / model / "0" / "model.safetensors").write_bytes(model.encode())
+        (base / "weights" / model / "1").mkdir(parents=True)  # a later version: not kept
+    (base / "metrics").mkdir()
+    (base / "metrics" / "warm_start.jsonl").write_text(json.dumps({"critic_pretrain_generated_tokens": 7}) + "\n")
+    (base / "metrics" / "policy_trainer.jsonl").write_text("{}\n")  # not needed by the runs: not kept
+    (base / "report").mkdir()
+    (base / "report" / "summary.json").write_text("{}")
+    (base / "config.yaml").write_text("seed: 0\n")
+    sha = equal_budget.checkpoint_sha(base)
+    assert equal_budget.kept_base(records, 0) is None
+    equal_budget.keep_base(base, records, 0, sha)
+    kept = records / f"ckpt0-{sha}" / "base"
+    assert equal_budget.kept_base(records, 0) == kept and equal_budget.checkpoint_sha(kept) == sha
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == [
+        "config.yaml", "metrics/warm_start.jsonl", "report/summary.json", "weights/critic/0/model.safetensors",
+        "weights/critic/LATEST", "weights/policy/0/model.safetensors", "weights/policy/LATEST"]
+    assert equal_budget.warm_tokens(kept)["critic_pretrain_generated_tokens"] == 7
+    assert equal_budget.kept_base(records, 1) is None  # another checkpoint seed

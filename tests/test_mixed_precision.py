@@ -150,11 +150,13 @@ def test_critic_mixed_value_head_in_fp32_and_gradients_agree_with_fp32():
     assert 0 < worst < BF16_REL and loss_rel < BF16_LOSS_REL, (worst, loss_rel)
 
 
-def test_auto_dtype_is_mixed_on_cuda_and_fp32_on_cpu_and_logged(caplog):
+def test_auto_dtype_is_mixed_on_cuda_and_fp32_on_cpu_and_logged(caplog, monkeypatch):
     import logging
 
     assert build.resolve_dtype("auto", "cuda:0") == ("bf16-mixed", "policy.dtype=auto on cuda:0")
-    assert build.resolve_dtype("auto", "cpu")[0] == "float32"
+    no_bf16 = (False, "the CPU has no avx512_bf16 or amx_bf16")
+    assert build.resolve_dtype("auto", "cpu", no_bf16) == ("float32", "policy.dtype=auto on cpu: " + no_bf16[1])
+    monkeypatch.setattr(build, "cpu_bf16_native", lambda: no_bf16)  # as on a CPU without bf16 instructions
     log = logging.getLogger("test_mixed")
     with caplog.at_level(logging.INFO, logger="test_mixed"):
         chosen = build.configure_attention(OmegaConf.create({"attn_implementation": "auto", "dtype": "auto"}),
@@ -170,6 +172,31 @@ def test_auto_dtype_is_mixed_on_cuda_and_fp32_on_cpu_and_logged(caplog):
 
     model = build_tiny_policy(build_char_tokenizer(), seed=0, attention=mixed, **ARCH)
     assert model.pv_mixed and {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_auto_dtype_on_a_cpu_follows_its_bf16_instructions(tmp_path, monkeypatch):
+    """A CPU with avx512_bf16 or amx_bf16 gets bf16-mixed from 'auto'; one without gets float32, and an explicit bf16
+    mode there is kept but its log line names the ~100x slower matmuls and the fix."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\n")
+    assert build.cpu_bf16_native.__wrapped__(str(cpuinfo)) in (
+        (True, "the CPU has avx512_bf16"),  # oneDNN may use it here
+        (False, "the CPU has avx512_bf16 but oneDNN may not use it (ONEDNN_MAX_CPU_ISA)"))
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n\n")
+    assert build.cpu_bf16_native.__wrapped__(str(cpuinfo)) == (False, "the CPU has no avx512_bf16 or amx_bf16")
+    assert build.cpu_bf16_native.__wrapped__(str(tmp_path / "absent"))[0] is False
+
+    has = (True, "the CPU has avx512_bf16")
+    assert build.resolve_dtype("auto", "cpu", has) == ("bf16-mixed", f"policy.dtype=auto on cpu: {has[1]}")
+    lacks = (False, "the CPU has no avx512_bf16 or amx_bf16")
+    assert build.resolve_dtype("float32", "cpu", lacks) == ("float32", "policy.dtype")
+    assert build.resolve_dtype("bf16-mixed", "cpu", has) == ("bf16-mixed", "policy.dtype")
+    mode, why = build.resolve_dtype("bf16-mixed", "cpu", lacks)
+    assert mode == "bf16-mixed" and "~100x slower" in why and "policy.dtype=auto or float32" in why
+    monkeypatch.setattr(build, "cpu_bf16_native", lambda: lacks)
+    line = build.configure_attention(OmegaConf.create({"attn_implementation": "sdpa", "dtype": "bfloat16"}),
+                                     "cpu").line()
+    assert "slow here: the CPU has no avx512_bf16 or amx_bf16" in line
 
 
 def test_first_on_policy_ratio_stays_near_one_in_each_mode():

@@ -143,7 +143,8 @@ class PolicyConfig:
     (fp32 weights, which are the optimizer's master copy, every forward under bf16 autocast, the critic's value
     head and all losses in fp32; under FSDP2 bf16 all-gathers and fp32 gradient reduction); 'bfloat16' (pure
     bf16 weights and compute: half the memory, but AdamW drops updates under ~1/256 of a weight, so small learning
-    rates may stall); 'auto' = bf16-mixed on a CUDA device, float32 elsewhere (each role logs what it resolved)"""
+    rates may stall); 'auto' = bf16-mixed on a CUDA device and on a CPU with bf16 instructions (avx512_bf16 or
+    AMX), float32 elsewhere, where a bf16 matmul runs ~100x slower (each role logs what it resolved)"""
     activation_checkpointing: bool = False
     """policy trainer: recompute each transformer block's activations in the backward pass instead of keeping
     them (the same gradients, less memory; costs one more forward pass per block, ~1/3 more compute)"""
