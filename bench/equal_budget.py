@@ -103,8 +103,11 @@ ESTIMATOR_KIND = {"grpo": "grpo", "batch_mean": "mean", "batch_loo": "loo", "rei
 # one (another sha). arith's records were built at its default of that time, 32 x 4 (64 x 2 since 2026-12-03), with
 # the SFT stop at 0.5 and the critic pretrained 300 steps on 2,048 rollouts (the README run's defaults since shortened)
 BASE_PINS = {"arith": ["inference.group_size=4", "inference.prompts_per_step=32",
-                       "policy.warm_start.target_accuracy=0.5", "critic.warm_start.steps=300",
-                       "critic.warm_start.rollouts=2048"]}
+                       "policy.warm_start.target_accuracy=0.5", "policy.warm_start.check_every=25",
+                       "critic.warm_start.steps=300",
+                       "critic.warm_start.rollouts=2048"],
+             # the SFT checks of their time (arith checks every 5 steps since 2026-12-05)
+             "arith_work": ["policy.warm_start.check_every=25"], "arith_chain": ["policy.warm_start.check_every=25"]}
 # the RL runs' own settings the records were measured with, where a default has changed since
 RUN_PINS = {"arith": ["replay.ratio=0", "critic.warm_start.steps=300", "critic.warm_start.rollouts=2048"]}
 PAUSE_S = 15  # seconds between two runs with the heavy lock released

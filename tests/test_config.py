@@ -249,6 +249,10 @@ def test_role_threads_split_the_cores_among_the_cpu_processes(monkeypatch):
     assert role_threads(cfg(threads=3), environ={"OMP_NUM_THREADS": "1"}) == 3
     assert role_threads(cfg(), environ={"OMP_NUM_THREADS": "2"}) == 2
     assert role_threads(cfg(), environ={"SLURM_CPUS_PER_TASK": "5"}) == 5
+    trainer_two = cfg(processes=4)
+    trainer_two.topology.policy_trainer_threads = 2  # the policy trainer's own budget; the other roles keep theirs
+    assert role_threads(trainer_two, environ={}, role="policy_trainer") == 2
+    assert role_threads(trainer_two, environ={}, role="inference0") == role_threads(cfg(processes=4), environ={})
     from e2e_helpers import compose
 
     two_ranks = compose(["+experiment=arith", "topology.policy_trainer_procs=2"])

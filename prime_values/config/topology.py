@@ -39,6 +39,10 @@ class TopologyConfig:
     (SLURM_CPUS_PER_TASK), else the machine's usable cores split evenly among the run's model processes
     (resolved.cpu_processes), at least 1 each (launch.role_threads): the budgets then sum to the cores the roles
     share wherever there are as many cores as processes (on 2 cores the 4 processes of the embedded run get 1 each)"""
+    policy_trainer_threads: int = ranged(0, ">= 0")
+    """torch CPU threads of each policy trainer process; 0 = as threads_per_role. Where the policy trainer computes
+    nearly all the time and the other roles mostly wait (a real model on a few cores: recipes/smollm.md), it may take
+    more than an even share"""
     policy_trainer_procs: int = ranged(1, ">= 1")
     """processes of the policy trainer: > 1 trains with torch.distributed + FSDP2, one process per GPU (GPUs
     consecutive from policy_trainer_device: cuda:2 with 2 processes uses cuda:2 and cuda:3; on SLURM the job

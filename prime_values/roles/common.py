@@ -42,7 +42,7 @@ class RoleContext:
         self.log = logging.getLogger(f"prime_values.{name}")
         import torch
 
-        torch.set_num_threads(role_threads(self.cfg))
+        torch.set_num_threads(role_threads(self.cfg, role=name))
         self.seed_root = self.cfg.seed  # what this role's seeds derive from (the warm start: its own seed)
         torch.manual_seed(self.seed())
         self.attention = None  # a role that builds models: its attention kernel and weight dtype, logged once,
