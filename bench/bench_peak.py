@@ -33,14 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":")[1].split()}
+from prime_values.models.build import CPU_BF16_FLAGS, cpu_flags  # noqa: E402
 
 
 CLOCK = {"clock": time.process_time}  # CPU seconds of this process (--clock cpu) or wall seconds (--clock wall)
@@ -284,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     CLOCK["clock"] = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     reps = 1 if args.smoke else 5
-    flags = cpu_flags()
-    bf16 = bool(flags & {"avx512_bf16", "amx_bf16"})
+    flags = cpu_flags() or set()
+    bf16 = bool(flags & set(CPU_BF16_FLAGS))
     sizes = (256,) if args.smoke else (1024, 2048)
     peak32 = matmul_peak(torch.float32, sizes, reps)
     result = {"threads": args.threads, "clock": args.clock, "peak_fp32_gflops": peak32 / 1e9,

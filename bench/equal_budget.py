@@ -330,10 +330,11 @@ def run_grid(args, cells, common: list[str]) -> int:
         if not base_done(base) and recorded_sha(records, key, c, wanted):
             print(f"checkpoint {c}: every asked-for run is recorded under {records}; not rebuilt")
             continue
-        if not base_done(base) and kept_base(records, c) is not None:
+        kept = None if base_done(base) else kept_base(records, c)
+        if kept is not None:
             shutil.rmtree(base, ignore_errors=True)
-            shutil.copytree(kept_base(records, c), base)
-            print(f"checkpoint {c}: the base kept in {kept_base(records, c)} copied in, not rebuilt")
+            shutil.copytree(kept, base)
+            print(f"checkpoint {c}: the base kept in {kept} copied in, not rebuilt")
         if not base_done(base):
             if too_late(args.stop_after):
                 print(f"stop-after {args.stop_after} UTC passed: base of checkpoint {c} not started")

@@ -81,14 +81,21 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "bf16-mixed": to
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of a CPU with bf16 multiply instructions
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
+    """The CPU's feature flags from `cpuinfo` (None where it cannot be read)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
 @functools.lru_cache(maxsize=None)
 def cpu_bf16_native(cpuinfo: str = "/proc/cpuinfo") -> tuple[bool, str]:
     """Whether this CPU multiplies bf16 natively (an avx512_bf16 or amx_bf16 flag, and oneDNN allowed to use it: not
     held below AVX-512 by ONEDNN_MAX_CPU_ISA), and what was found."""
-    try:
-        flags = set(next((line for line in Path(cpuinfo).read_text().splitlines() if line.startswith("flags")),
-                         "").split())
-    except OSError:
+    flags = cpu_flags(cpuinfo)
+    if flags is None:
         return False, f"no {cpuinfo} to read the CPU's flags from"
     found = [f for f in CPU_BF16_FLAGS if f in flags]
     if not found:
@@ -104,9 +111,11 @@ def resolve_dtype(requested: str, device: str, native_bf16: tuple[bool, str] | N
     if requested not in PRECISIONS:
         raise ValueError(f"policy.dtype={requested!r} is not allowed; choose one of {', '.join(PRECISIONS)}")
     on_cuda = str(device).startswith("cuda")
+    if requested == "float32" or (on_cuda and requested != "auto"):
+        return requested, "policy.dtype"
     native, why = (True, "") if on_cuda else (native_bf16 or cpu_bf16_native())
     if requested != "auto":
-        if requested == "float32" or native:
+        if native:
             return requested, "policy.dtype"
         return requested, (f"policy.dtype; slow here: {why}, so bf16 matmuls run ~100x slower than float32 "
                            "(policy.dtype=auto or float32)")
