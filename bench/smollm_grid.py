@@ -1,0 +1,215 @@
+"""The real model's controlled study: `+experiment=smollm` (SmolLM2-135M on chain_sum, 30 minutes on 2 cores) run
+as cells x RL seeds from one SFT start, each run kept as a committed record, and the cells compared paired by seed.
+
+    python bench/smollm_grid.py --out /tmp/smollm_grid --cells gae_g1,mean_g1 --seeds 0,1,2   # runs what is missing
+    python bench/smollm_grid.py --out /tmp/smollm_grid --report-only                           # the table only
+
+Cells (the recipe's 32 rollouts a step throughout):
+
+- ``gae_g1``: the recipe as it is: 32 prompts x 1, GAE with the privileged critic;
+- ``mean_g1``: 32 x 1, reward minus the batch's mean reward, no critic (``advantage=batch_mean``);
+- ``plain_g1``: 32 x 1, GAE with a critic that does not see the answer (``critic.privileged=false``);
+- ``grpo_g2``: 16 x 2, the group mean (``advantage=grpo``).
+
+Every run is ``python -m prime_values +experiment=smollm seed=<S> <cell overrides> hydra.run.dir=<out>/<cell>/seed<S>``
+with the warm start's seed fixed (``policy.warm_start.seed`` stays 0), so every run starts from the same SFT'd
+weights and a seed varies RL only. The run's time budget ends it, so a cell without critic roles gets more policy
+steps in the same wall time: the comparison is at equal wall time on the same 2 cores, the critic's compute counted.
+
+A finished run (its last held-out evaluation written) becomes ``<records>/<cell>/seed<S>.json``: the date, commit and
+command, the CPU it ran on and whether it had bf16 instructions (bf16-mixed, else float32: a different step time),
+bench/paired_heldout.py's figures (RL's gain step 0 -> end, paired on the same 200 problems, and SFT's apart),
+bench/run_figures.py's (steps, wall, critic EV) and the per-problem rewards of the first and last evaluation. A rerun
+skips every (cell, seed) that has a record; a run directory without its last evaluation is removed and run again.
+`--stop-after HH:MM` (UTC) starts no run after that time.
+
+The report compares every cell with ``--reference`` (default gae_g1) paired by RL seed: the difference of the RL gains
+(the same start, so of the end accuracies) per seed, its mean and 95% bootstrap interval over the seeds
+(bench/budget_stats.py); and, where both records keep per-problem rewards, pooled over (seed, problem) pairs: the
+paired difference with a normal 95% interval and the exact McNemar test on the discordant pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import paired_heldout, run_figures  # noqa: E402
+from bench.budget_stats import paired_bootstrap  # noqa: E402
+from bench.task_headroom import commit  # noqa: E402
+from prime_values.models.build import cpu_bf16_native  # noqa: E402
+
+CELLS = {
+    "gae_g1": [],
+    "mean_g1": ["advantage=batch_mean"],
+    "plain_g1": ["critic.privileged=false"],
+    "grpo_g2": ["advantage=grpo", "inference.group_size=2", "inference.prompts_per_step=16"],
+}
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def heldout_files(run: Path) -> dict[int, Path]:
+    return {int(f.stem.split("_")[1]): f for f in (run / "metrics" / "heldout").glob("step_*.jsonl")}
+
+
+def finished(run: Path) -> bool:
+    """Done when the run's summary says finished and it wrote a held-out evaluation after step 0."""
+    try:
+        summary = json.loads((run / "report" / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return summary.get("status") == "finished" and max(heldout_files(run), default=0) > 0
+
+
+def rewards(path: Path) -> dict[str, float]:
+    return {pid: r["reward"] for pid, r in paired_heldout.load(path).items()}
+
+
+def make_record(run: Path, cell: str, seed: int, command: list[str], ran_at: str) -> dict:
+    files = heldout_files(run)
+    first, last = min(files), max(files)
+    native, why = cpu_bf16_native()
+    return {"cell": cell, "seed": seed, "overrides": CELLS[cell],
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": ran_at,
+            "command": " ".join(command), "cpu": cpu_model(), "cpu_bf16": native,
+            "paired": paired_heldout.main([str(run)]), "figures": run_figures.figures(run),
+            "rewards_start": rewards(files[first]), "rewards_end": rewards(files[last])}
+
+
+def run_cells(args, cells: list[str], seeds: list[int], records: Path) -> int:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    for seed in seeds:
+        for cell in cells:
+            path = records / cell / f"seed{seed}.json"
+            if path.exists():
+                continue
+            if args.stop_after and datetime.now(timezone.utc).strftime("%H:%M") >= args.stop_after:
+                print(f"--stop-after {args.stop_after}: the rest waits for the next invocation")
+                return 0
+            run = Path(args.out) / cell / f"seed{seed}"
+            ran_at = commit()  # a run found finished in <out> is recorded at the commit of this invocation
+            if not finished(run):
+                shutil.rmtree(run, ignore_errors=True)
+                run.parent.mkdir(parents=True, exist_ok=True)
+                command = ["python", "-m", "prime_values", "+experiment=smollm", f"seed={seed}", *CELLS[cell],
+                           f"hydra.run.dir={run}"]
+                print(f"{cell} seed {seed}: {' '.join(command)}", flush=True)
+                with open(run.parent / f"seed{seed}.log", "w") as log:
+                    rc = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, env=env, stdout=log,
+                                        stderr=subprocess.STDOUT).returncode
+                if rc != 0 or not finished(run):
+                    print(f"{cell} seed {seed}: the run failed (exit {rc}); see {run.parent}/seed{seed}.log")
+                    return 1
+            path.parent.mkdir(parents=True, exist_ok=True)
+            record = make_record(run, cell, seed, ["python", "-m", "prime_values", "+experiment=smollm",
+                                                   f"seed={seed}", *CELLS[cell]], ran_at)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record, indent=1) + "\n")
+            tmp.replace(path)
+    return 0
+
+
+def load_records(records: Path) -> dict[str, dict[int, dict]]:
+    out: dict[str, dict[int, dict]] = {}
+    for path in sorted(records.glob("*/seed*.json")):
+        r = json.loads(path.read_text())
+        out.setdefault(r["cell"], {})[r["seed"]] = r
+    return out
+
+
+def problem_pairs(a: dict, b: dict) -> list[int]:
+    """Per (problem) end-accuracy differences a - b of one seed, where both records keep per-problem rewards."""
+    ra, rb = a.get("rewards_end"), b.get("rewards_end")
+    if not ra or not rb:
+        return []
+    return [int(ra[p] >= 1.0) - int(rb[p] >= 1.0) for p in sorted(set(ra) & set(rb))]
+
+
+def compare(cell: dict[int, dict], ref: dict[int, dict]) -> dict | None:
+    seeds = sorted(set(cell) & set(ref))
+    if not seeds:
+        return None
+    diffs = [cell[s]["paired"]["gain"] - ref[s]["paired"]["gain"] for s in seeds]
+    mean, lo, hi = paired_bootstrap(diffs)
+    out = {"seeds": seeds, "per_seed": diffs, "mean": mean, "ci95": [lo, hi]}
+    d = [x for s in seeds for x in problem_pairs(cell[s], ref[s])]
+    if d:
+        m = statistics.fmean(d)
+        half = 1.96 * math.sqrt(statistics.variance(d) / len(d)) if len(d) > 1 else 0.0
+        out["problems"] = {"pairs": len(d), "mean": m, "ci95": [m - half, m + half], "wins": d.count(1),
+                           "losses": d.count(-1), "mcnemar_p": paired_heldout.mcnemar_p(d.count(1), d.count(-1))}
+    return out
+
+
+def report(records: Path, reference: str) -> str:
+    runs = load_records(records)
+    lines = ["| cell | seeds | RL steps | held-out step 0 -> end, per seed | RL gain, mean (per seed) | "
+             "seeds with 95% CI > 0 | critic EV, last 5 | minus " + reference + ", paired by seed [95% bootstrap] | "
+             "pooled over problems [95%], won / lost, McNemar p |", "|---" * 9 + "|"]
+    for name in [c for c in CELLS if c in runs] + sorted(set(runs) - set(CELLS)):
+        cell = runs[name]
+        seeds = sorted(cell)
+        p = [cell[s]["paired"] for s in seeds]
+        f = [cell[s]["figures"] for s in seeds]
+        ev = [x.get("explained_variance_last5") for x in f]
+        ev_text = ", ".join(f"{x:.2f}" for x in ev if x is not None) or "-"
+        cmp = compare(cell, runs[reference]) if reference in runs and name != reference else None
+        vs = pooled = "-"
+        if cmp:
+            vs = f"{cmp['mean']:+.3f} [{cmp['ci95'][0]:+.3f}, {cmp['ci95'][1]:+.3f}] (" + \
+                 ", ".join(f"{x:+.3f}" for x in cmp["per_seed"]) + ")"
+            if "problems" in cmp:
+                q = cmp["problems"]
+                pooled = f"{q['mean']:+.3f} [{q['ci95'][0]:+.3f}, {q['ci95'][1]:+.3f}], {q['wins']} / " \
+                         f"{q['losses']}, p = {q['mcnemar_p']:.2g} ({q['pairs']} pairs)"
+        lines.append(
+            f"| {name} | {','.join(map(str, seeds))} | {', '.join(str(x['policy_steps']) for x in f)} | "
+            + ", ".join(f"{x['before']:.3f} -> {x['after']:.3f}" for x in p)
+            + f" | {statistics.fmean(x['gain'] for x in p):+.3f} (" + ", ".join(f"{x['gain']:+.3f}" for x in p)
+            + f") | {sum(x['ci95'][0] > 0 for x in p)} of {len(p)} | {ev_text} | {vs} | {pooled} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="run directories go to <out>/<cell>/seed<S>")
+    ap.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated, of {', '.join(CELLS)}")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--records", default=str(ROOT / "bench" / "records" / "smollm"),
+                    help="per-run records, <records>/<cell>/seed<S>.json (default bench/records/smollm, committed)")
+    ap.add_argument("--reference", default="gae_g1", help="the cell every other is compared with")
+    ap.add_argument("--stop-after", default=None, help="HH:MM UTC: start no run after this time")
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args(argv)
+    cells = [c for c in args.cells.split(",") if c]
+    unknown = [c for c in cells if c not in CELLS]
+    if unknown:
+        raise SystemExit(f"--cells: unknown {unknown}; the cells are {', '.join(CELLS)}")
+    records = Path(args.records)
+    rc = 0 if args.report_only else run_cells(args, cells, [int(s) for s in args.seeds.split(",")], records)
+    text = report(records, args.reference)
+    print(text)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "smollm_grid.md").write_text(text + "\n")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
