@@ -6,10 +6,13 @@ as cells x RL seeds from one SFT start, each run kept as a committed record, and
 
 Cells (the recipe's 32 rollouts a step throughout):
 
-- ``gae_g1``: the recipe as it is: 32 prompts x 1, GAE with the privileged critic;
-- ``mean_g1``: 32 x 1, reward minus the batch's mean reward, no critic (``advantage=batch_mean``);
-- ``plain_g1``: 32 x 1, GAE with a critic that does not see the answer (``critic.privileged=false``);
+- ``gae_g1``: 32 prompts x 1, GAE with the privileged critic (``advantage=gae``);
+- ``mean_g1``: 32 x 1, reward minus the batch's mean reward, no critic (``advantage=batch_mean``, the recipe's
+  default since it was measured best here);
+- ``plain_g1``: 32 x 1, GAE with a critic that does not see the answer (``advantage=gae critic.privileged=false``);
 - ``grpo_g2``: 16 x 2, the group mean (``advantage=grpo``).
+
+Every cell names its estimator, so a change of the recipe's default does not change what a cell runs.
 
 Every run is ``python -m prime_values +experiment=smollm seed=<S> <cell overrides> hydra.run.dir=<out>/<cell>/seed<S>``
 with the warm start's seed fixed (``policy.warm_start.seed`` stays 0), so every run starts from the same SFT'd
@@ -51,9 +54,9 @@ from bench.task_headroom import commit  # noqa: E402
 from prime_values.models.build import cpu_bf16_native  # noqa: E402
 
 CELLS = {
-    "gae_g1": [],
+    "gae_g1": ["advantage=gae"],
     "mean_g1": ["advantage=batch_mean"],
-    "plain_g1": ["critic.privileged=false"],
+    "plain_g1": ["advantage=gae", "critic.privileged=false"],
     "grpo_g2": ["advantage=grpo", "inference.group_size=2", "inference.prompts_per_step=16"],
 }
 
