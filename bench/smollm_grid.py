@@ -88,10 +88,9 @@ def rewards(path: Path) -> dict[str, float]:
 def make_record(run: Path, cell: str, seed: int, command: list[str], ran_at: str) -> dict:
     files = heldout_files(run)
     first, last = min(files), max(files)
-    native, why = cpu_bf16_native()
     return {"cell": cell, "seed": seed, "overrides": CELLS[cell],
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": ran_at,
-            "command": " ".join(command), "cpu": cpu_model(), "cpu_bf16": native,
+            "command": " ".join(command), "cpu": cpu_model(), "cpu_bf16": cpu_bf16_native()[0],
             "paired": paired_heldout.main([str(run)]), "figures": run_figures.figures(run),
             "rewards_start": rewards(files[first]), "rewards_end": rewards(files[last])}
 
@@ -107,22 +106,20 @@ def run_cells(args, cells: list[str], seeds: list[int], records: Path) -> int:
                 print(f"--stop-after {args.stop_after}: the rest waits for the next invocation")
                 return 0
             run = Path(args.out) / cell / f"seed{seed}"
+            command = ["python", "-m", "prime_values", "+experiment=smollm", f"seed={seed}", *CELLS[cell]]
             ran_at = commit()  # a run found finished in <out> is recorded at the commit of this invocation
             if not finished(run):
                 shutil.rmtree(run, ignore_errors=True)
                 run.parent.mkdir(parents=True, exist_ok=True)
-                command = ["python", "-m", "prime_values", "+experiment=smollm", f"seed={seed}", *CELLS[cell],
-                           f"hydra.run.dir={run}"]
-                print(f"{cell} seed {seed}: {' '.join(command)}", flush=True)
+                print(f"{cell} seed {seed}: {' '.join(command)} hydra.run.dir={run}", flush=True)
                 with open(run.parent / f"seed{seed}.log", "w") as log:
-                    rc = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, env=env, stdout=log,
+                    rc = subprocess.run([sys.executable, *command[1:], f"hydra.run.dir={run}"], cwd=ROOT, env=env, stdout=log,
                                         stderr=subprocess.STDOUT).returncode
                 if rc != 0 or not finished(run):
                     print(f"{cell} seed {seed}: the run failed (exit {rc}); see {run.parent}/seed{seed}.log")
                     return 1
             path.parent.mkdir(parents=True, exist_ok=True)
-            record = make_record(run, cell, seed, ["python", "-m", "prime_values", "+experiment=smollm",
-                                                   f"seed={seed}", *CELLS[cell]], ran_at)
+            record = make_record(run, cell, seed, command, ran_at)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1) + "\n")
             tmp.replace(path)
