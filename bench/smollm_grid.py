@@ -10,7 +10,10 @@ Cells (the recipe's 32 rollouts a step throughout):
 - ``mean_g1``: 32 x 1, reward minus the batch's mean reward, no critic (``advantage=batch_mean``, the recipe's
   default since it was measured best here);
 - ``plain_g1``: 32 x 1, GAE with a critic that does not see the answer (``advantage=gae critic.privileged=false``);
-- ``grpo_g2``: 16 x 2, the group mean (``advantage=grpo``).
+- ``grpo_g2``: 16 x 2, the group mean (``advantage=grpo``);
+- ``mean_g1_avx2``: mean_g1 with torch, MKL and oneDNN held to AVX2 kernels (``ATEN_CPU_CAPABILITY=avx2
+  MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2``), so ``policy.dtype=auto`` runs float32 as on an AVX2-only
+  machine: the recipe's numbers and step time without bf16 instructions, on this machine's processor.
 
 Every cell names its estimator, so a change of the recipe's default does not change what a cell runs.
 
@@ -58,7 +61,10 @@ CELLS = {
     "mean_g1": ["advantage=batch_mean"],
     "plain_g1": ["advantage=gae", "critic.privileged=false"],
     "grpo_g2": ["advantage=grpo", "inference.group_size=2", "inference.prompts_per_step=16"],
+    "mean_g1_avx2": ["advantage=batch_mean"],
 }
+AVX2_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+CELL_ENV = {"mean_g1_avx2": AVX2_KERNELS}  # environment a cell's run starts with, beside the overrides
 
 
 def cpu_model() -> str:
@@ -85,18 +91,25 @@ def rewards(path: Path) -> dict[str, float]:
     return {pid: r["reward"] for pid, r in paired_heldout.load(path).items()}
 
 
-def make_record(run: Path, cell: str, seed: int, command: list[str], ran_at: str) -> dict:
+def bf16_under(env: dict[str, str]) -> bool:
+    """Whether a process started with `env` may multiply bf16 natively (oneDNN reads its ISA limit at start)."""
+    probe = "from prime_values.models.build import cpu_bf16_native; print(cpu_bf16_native()[0])"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip() == "True"
+
+
+def make_record(run: Path, cell: str, seed: int, command: list[str], ran_at: str, env: dict[str, str]) -> dict:
     files = heldout_files(run)
     first, last = min(files), max(files)
-    return {"cell": cell, "seed": seed, "overrides": CELLS[cell],
+    return {"cell": cell, "seed": seed, "overrides": CELLS[cell], "env": CELL_ENV.get(cell, {}),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": ran_at,
-            "command": " ".join(command), "cpu": cpu_model(), "cpu_bf16": cpu_bf16_native()[0],
+            "command": " ".join(command), "cpu": cpu_model(), "cpu_bf16": bf16_under(env) if CELL_ENV.get(cell) else cpu_bf16_native()[0],
             "paired": paired_heldout.main([str(run)]), "figures": run_figures.figures(run),
             "rewards_start": rewards(files[first]), "rewards_end": rewards(files[last])}
 
 
 def run_cells(args, cells: list[str], seeds: list[int], records: Path) -> int:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    base_env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     for seed in seeds:
         for cell in cells:
             path = records / cell / f"seed{seed}.json"
@@ -106,20 +119,22 @@ def run_cells(args, cells: list[str], seeds: list[int], records: Path) -> int:
                 print(f"--stop-after {args.stop_after}: the rest waits for the next invocation")
                 return 0
             run = Path(args.out) / cell / f"seed{seed}"
-            command = ["python", "-m", "prime_values", "+experiment=smollm", f"seed={seed}", *CELLS[cell]]
+            prefix = [f"{k}={v}" for k, v in CELL_ENV.get(cell, {}).items()]
+            env = {**base_env, **CELL_ENV.get(cell, {})}
+            command = [*prefix, "python", "-m", "prime_values", "+experiment=smollm", f"seed={seed}", *CELLS[cell]]
             ran_at = commit()  # a run found finished in <out> is recorded at the commit of this invocation
             if not finished(run):
                 shutil.rmtree(run, ignore_errors=True)
                 run.parent.mkdir(parents=True, exist_ok=True)
                 print(f"{cell} seed {seed}: {' '.join(command)} hydra.run.dir={run}", flush=True)
                 with open(run.parent / f"seed{seed}.log", "w") as log:
-                    rc = subprocess.run([sys.executable, *command[1:], f"hydra.run.dir={run}"], cwd=ROOT, env=env, stdout=log,
+                    rc = subprocess.run([sys.executable, *command[len(prefix) + 1:], f"hydra.run.dir={run}"], cwd=ROOT, env=env, stdout=log,
                                         stderr=subprocess.STDOUT).returncode
                 if rc != 0 or not finished(run):
                     print(f"{cell} seed {seed}: the run failed (exit {rc}); see {run.parent}/seed{seed}.log")
                     return 1
             path.parent.mkdir(parents=True, exist_ok=True)
-            record = make_record(run, cell, seed, command, ran_at)
+            record = make_record(run, cell, seed, command, ran_at, env)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(record, indent=1) + "\n")
             tmp.replace(path)

@@ -64,3 +64,16 @@ def test_an_unfinished_run_is_not_recorded_and_an_unknown_cell_is_named(tmp_path
     run = tmp_path / "out" / "gae_g1" / "seed0"
     heldout(run, 0, [1, 0])  # no end evaluation, no summary
     assert not sg.finished(run)
+
+
+def test_a_cell_with_avx2_kernels_records_its_environment_and_no_bf16(tmp_path):
+    """mean_g1_avx2 holds oneDNN to AVX2, so its processes may not multiply bf16 even on a CPU that can; the record
+    says so and keeps the environment in its command."""
+    out, records = tmp_path / "out", tmp_path / "records"
+    finished_run(out / "mean_g1_avx2" / "seed0", [0, 0, 1, 0], [1, 0, 1, 0])
+    args = sg.argparse.Namespace(out=str(out), stop_after=None)
+    assert sg.run_cells(args, ["mean_g1_avx2"], [0], records) == 0
+    rec = json.loads((records / "mean_g1_avx2" / "seed0.json").read_text())
+    assert rec["cpu_bf16"] is False and rec["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert rec["command"] == ("ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 "
+                              "python -m prime_values +experiment=smollm seed=0 advantage=batch_mean")
