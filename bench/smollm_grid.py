@@ -25,14 +25,17 @@ steps in the same wall time: the comparison is at equal wall time on the same 2 
 A finished run (its last held-out evaluation written) becomes ``<records>/<cell>/seed<S>.json``: the date, commit and
 command, the CPU it ran on and whether it had bf16 instructions (bf16-mixed, else float32: a different step time),
 bench/paired_heldout.py's figures (RL's gain step 0 -> end, paired on the same 200 problems, and SFT's apart),
-bench/run_figures.py's (steps, wall, critic EV) and the per-problem rewards of the first and last evaluation. A rerun
-skips every (cell, seed) that has a record; a run directory without its last evaluation is removed and run again.
+bench/run_figures.py's (steps, wall, critic EV) and the per-problem rewards of the first and last evaluation (a
+cell whose kernels round differently, such as mean_g1_avx2, starts from other SFT'd weights: it is compared by seed
+only, not by problem). A rerun skips every (cell, seed) that has a record; a run directory without its last
+evaluation is removed and run again.
 `--stop-after HH:MM` (UTC) starts no run after that time.
 
 The report compares every cell with ``--reference`` (default gae_g1) paired by RL seed: the difference of the RL gains
-(the same start, so of the end accuracies) per seed, its mean and 95% bootstrap interval over the seeds
-(bench/budget_stats.py); and, where both records keep per-problem rewards, pooled over (seed, problem) pairs: the
-paired difference with a normal 95% interval and the exact McNemar test on the discordant pairs.
+per seed, its mean and 95% bootstrap interval over the seeds (bench/budget_stats.py); and, where both records keep
+per-problem rewards from the same start (so the difference of the end accuracies is that of the gains), pooled over
+(seed, problem) pairs: the paired difference with a normal 95% interval and the exact McNemar test on the discordant
+pairs.
 """
 
 from __future__ import annotations
@@ -101,9 +104,10 @@ def bf16_under(env: dict[str, str]) -> bool:
 def make_record(run: Path, cell: str, seed: int, command: list[str], ran_at: str, env: dict[str, str]) -> dict:
     files = heldout_files(run)
     first, last = min(files), max(files)
+    bf16 = bf16_under(env) if CELL_ENV.get(cell) else cpu_bf16_native()[0]
     return {"cell": cell, "seed": seed, "overrides": CELLS[cell], "env": CELL_ENV.get(cell, {}),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": ran_at,
-            "command": " ".join(command), "cpu": cpu_model(), "cpu_bf16": bf16_under(env) if CELL_ENV.get(cell) else cpu_bf16_native()[0],
+            "command": " ".join(command), "cpu": cpu_model(), "cpu_bf16": bf16,
             "paired": paired_heldout.main([str(run)]), "figures": run_figures.figures(run),
             "rewards_start": rewards(files[first]), "rewards_end": rewards(files[last])}
 
@@ -128,8 +132,8 @@ def run_cells(args, cells: list[str], seeds: list[int], records: Path) -> int:
                 run.parent.mkdir(parents=True, exist_ok=True)
                 print(f"{cell} seed {seed}: {' '.join(command)} hydra.run.dir={run}", flush=True)
                 with open(run.parent / f"seed{seed}.log", "w") as log:
-                    rc = subprocess.run([sys.executable, *command[len(prefix) + 1:], f"hydra.run.dir={run}"], cwd=ROOT, env=env, stdout=log,
-                                        stderr=subprocess.STDOUT).returncode
+                    argv = [sys.executable, *command[len(prefix) + 1:], f"hydra.run.dir={run}"]
+                    rc = subprocess.run(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
                 if rc != 0 or not finished(run):
                     print(f"{cell} seed {seed}: the run failed (exit {rc}); see {run.parent}/seed{seed}.log")
                     return 1
@@ -150,9 +154,10 @@ def load_records(records: Path) -> dict[str, dict[int, dict]]:
 
 
 def problem_pairs(a: dict, b: dict) -> list[int]:
-    """Per (problem) end-accuracy differences a - b of one seed, where both records keep per-problem rewards."""
+    """Per (problem) end-accuracy differences a - b of one seed, where both records keep per-problem rewards and
+    started from the same rewards (the same SFT'd weights: else end minus end would carry the starts' difference)."""
     ra, rb = a.get("rewards_end"), b.get("rewards_end")
-    if not ra or not rb:
+    if not ra or not rb or a.get("rewards_start") != b.get("rewards_start"):
         return []
     return [int(ra[p] >= 1.0) - int(rb[p] >= 1.0) for p in sorted(set(ra) & set(rb))]
 

@@ -77,3 +77,10 @@ def test_a_cell_with_avx2_kernels_records_its_environment_and_no_bf16(tmp_path):
     assert rec["cpu_bf16"] is False and rec["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
     assert rec["command"] == ("ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 "
                               "python -m prime_values +experiment=smollm seed=0 advantage=batch_mean")
+
+    # its SFT'd start differs from the reference's (other kernels round differently): paired by seed, not by problem
+    finished_run(out / "mean_g1" / "seed0", [1, 0, 0, 0], [1, 1, 0, 0])
+    assert sg.run_cells(args, ["mean_g1"], [0], records) == 0
+    runs = sg.load_records(records)
+    cmp = sg.compare(runs["mean_g1_avx2"], runs["mean_g1"])
+    assert cmp["per_seed"] == pytest.approx([0.25 - 0.25]) and "problems" not in cmp
