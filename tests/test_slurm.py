@@ -30,8 +30,9 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="session")
-def slurm():
-    """Start (or find running) the local cluster; return its `scontrol show config` as a dict."""
+def slurm(tmp_path_factory):
+    """Start (or find running) the local cluster, cancel what an earlier session of these tests left in its queue;
+    return its `scontrol show config` as a dict."""
     if os.geteuid() != 0:
         pytest.skip("local SLURM needs root: run `sudo launchers/local_slurm/start.sh` first, or the tests as root")
     # the node advertises the machine's real CPUs (2 here): a pipeline is one allocation its roles share. Set but
@@ -41,8 +42,35 @@ def slurm():
     if proc.returncode in SKIP_CODES:
         pytest.skip(f"local SLURM cannot be installed here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, f"start.sh exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    cancel_earlier_sessions_jobs(tmp_path_factory.getbasetemp())
     out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
     return {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in out.splitlines()) if v}
+
+
+def cancel_earlier_sessions_jobs(basetemp: Path) -> list[str]:
+    """Cancel the jobs an earlier session of these tests left queued or running: one stopped mid-test (its machine
+    stopped, or its run was killed) leaves its jobs in slurmctld's saved state, requeued by the next start.sh, and they
+    would take the node this session's jobs wait for. Every test job writes its log under its test's temporary
+    directory, so theirs lie under pytest's temporary root but outside this session's directory (the parent of a
+    pytest-xdist worker's own)."""
+    session = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+    out = subprocess.run(["squeue", "-h", "-O", "JobID:30,StdOut:4096"], capture_output=True, text=True).stdout
+    stale = []
+    for line in out.splitlines():
+        job_id, _, stdout = line.strip().partition(" ")
+        log = Path(stdout.strip())
+        if log.is_relative_to(session.parent) and not log.is_relative_to(session):
+            stale.append(job_id)
+    if stale:
+        subprocess.run(["scancel", *stale], check=True)
+    return stale
+
+
+def queue() -> str:
+    """The queue as squeue sees it, with each job's reason (what a job waits for), and the nodes' states."""
+    jobs = subprocess.run(["squeue", "-o", "%i %j %T %r %M"], capture_output=True, text=True).stdout
+    nodes = subprocess.run(["sinfo", "-N", "-o", "%N %P %T %E"], capture_output=True, text=True).stdout
+    return f"{jobs}{nodes}"
 
 
 def executor(folder, **overrides):
@@ -58,7 +86,7 @@ def wait_states(jobs, accept, timeout=30.0, poll=0.1):
         if all(state in accept for state in states.values()):
             return states
         if time.monotonic() > deadline:
-            pytest.fail(f"jobs not in {sorted(accept)} after {timeout} s: {states}")
+            pytest.fail(f"jobs not in {sorted(accept)} after {timeout} s: {states}; the queue:\n{queue()}")
         time.sleep(poll)
 
 
@@ -126,6 +154,34 @@ def test_cancel_all_cancels_a_sleeping_job(slurm, tmp_path):
         while not job.done(force_check=True) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert job.done() and job.state.startswith("CANCELLED")
+
+
+@pytest.mark.slow  # a real SLURM daemon, restarted
+def test_a_job_the_machine_stopped_under_is_requeued_and_frees_its_node(slurm, tmp_path):
+    """After a power cut, slurmctld's saved state still has the job running; no slurmd reports it when the machine
+    comes back, and SLURM would leave it holding every CPU of the node until its time limit. start.sh requeues it (as
+    SLURM does after a node failure), so a new job runs at once."""
+    cpus = str(sum(cluster.nodes().values()))
+    held = subprocess.run(["sbatch", "--parsable", "--requeue", "-J", "pv_test", "-c", cpus, "--mem=100M",
+                           "-o", str(tmp_path / "held.out"), "--wrap", "sleep 300"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        deadline = time.monotonic() + 20
+        while squeue_state(held) != "RUNNING":
+            assert time.monotonic() < deadline, f"job {held} did not start:\n{queue()}"
+            time.sleep(0.2)
+        assert cluster.power_cut(), "no process of the cluster to kill"
+        cluster.start()
+        assert squeue_state(held) == "PENDING", queue()  # requeued: it begins again after SLURM's requeue delay
+        ex = executor(tmp_path)
+        job = ex.submit(add_and_say, 1, 2)
+        assert wait_states([job], FINISHED)[job.job_id] == "COMPLETED"
+    finally:
+        subprocess.run(["scancel", held])
+
+
+def squeue_state(job_id: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
 
 
 # the full critic pipeline, small: gae, privileged critic, dedicated evaluator, a two-process policy trainer

@@ -6,6 +6,7 @@ needs root, as start.sh does.
     cluster.start(LOCAL_SLURM_NODES="2")              # two slurmd on this host; returns start.sh's ready line
     cluster.lose_node(sorted(cluster.nodes())[1])     # a power loss of node 2
     cluster.preempt(count=2, seconds=5)               # a job of the urgent partition takes both nodes for 5 s
+    cluster.power_cut(); cluster.start()              # the machine stops under its jobs, and comes back
     cluster.start(LOCAL_SLURM_NODES="")               # back to one node
 """
 
@@ -85,6 +86,21 @@ def lose_node(name: str, mark_down: bool = True) -> list[int]:
     if mark_down:
         subprocess.run(["scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=lost"], check=True)
     return killed
+
+
+def power_cut() -> list[int]:
+    """What a power cut of the whole machine does to the cluster: slurmctld's state as last saved, with the jobs
+    running then recorded as running (a SIGTERM makes it save now, as its periodic save would have), and every slurmd,
+    step daemon and job process gone (lose_node, without marking anything: no slurmctld is left to tell). The next
+    start.sh starts the daemons again. Returns the pids killed."""
+    import psutil
+
+    names = sorted(nodes())
+    state = Path(os.environ.get("LOCAL_SLURM_STATE", "/var/lib/prime-values-slurm"))
+    ctld = psutil.Process(int((state / "run" / "slurmctld.pid").read_text()))
+    ctld.terminate()
+    ctld.wait(timeout=30)
+    return [pid for name in names for pid in lose_node(name, mark_down=False)]
 
 
 def node_state(name: str) -> str:

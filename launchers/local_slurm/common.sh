@@ -22,11 +22,12 @@ CONF_DIR=/etc/slurm                                      # where Debian's daemon
 MARKER="Managed by prime_values launchers/local_slurm/start.sh"
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-# is_running NAME PIDFILE: the pid file names a live process whose command is NAME
+# is_running NAME PIDFILE: the pid file names a live process (not a zombie left unreaped) whose command is NAME
 is_running() {
     local pid
     pid=$(cat "$2" 2>/dev/null) || return 1
-    [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == "$1" ]]
+    [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == "$1" ]] &&
+        ! grep -q '^State:[[:space:]]*Z' "/proc/$pid/status" 2>/dev/null
 }
 
 # stop_daemon NAME PIDFILE: SIGTERM, wait up to 15 s, then SIGKILL

@@ -200,6 +200,24 @@ for name in "${NAMES[@]}"; do
     esac
 done
 
+# Jobs slurmctld recovered as running whose processes are gone: the machine (or every daemon with its step daemons)
+# stopped under them. Every node is on this host, so a running batch job has a `slurmstepd: [<id>.batch]` here; SLURM
+# itself purges such a job only after a node reboot it can see, and would leave it holding its CPUs until its time
+# limit. Requeued, as SLURM does after a node failure (the pipeline resumes from its run directory), or cancelled when
+# the job does not allow requeueing. Only jobs that started before this script did, so none is still launching.
+began=$((t0 / 1000000000))
+requeued=() cancelled=()
+while read -r id start; do
+    [[ -n $id ]] || continue
+    (($(date -d "$start" +%s 2>/dev/null || echo "$began") < began)) || continue
+    pgrep -f "^slurmstepd: \[$id\.batch\]" >/dev/null && continue
+    if scontrol requeue "$id" >/dev/null 2>&1; then requeued+=("$id"); else scancel "$id" && cancelled+=("$id"); fi
+done < <(squeue -h -t RUNNING -o "%A %S" 2>/dev/null)
+((${#requeued[@]})) && echo "local_slurm: requeued job(s) ${requeued[*]}: recorded as running, but their processes" \
+    "are gone (the machine or its daemons stopped under them)" >&2
+((${#cancelled[@]})) && echo "local_slurm: cancelled job(s) ${cancelled[*]}: recorded as running, but their" \
+    "processes are gone, and they do not allow requeueing" >&2
+
 acct=$([[ $ACCOUNTING == 1 ]] && echo "slurmdbd+mariadb" || echo "none (sacct fails)")
 what="node $HOST ($CPUS CPUs, $MEM_MB MB, $GPUS fake GPUs"
 ((NODES > 1)) && what="$NODES nodes ${NAMES[*]} on $HOST ($((CPUS / NODES)) CPUs, $((MEM_MB / NODES)) MB, $GPUS fake GPUs each"
