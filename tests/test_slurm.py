@@ -31,8 +31,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
-    """Start (or find running) the local cluster, cancel what an earlier session of these tests left in its queue;
-    return its `scontrol show config` as a dict."""
+    """Start (or find running) the local cluster, cancel what an earlier, interrupted run of these tests left in its
+    queue; return its `scontrol show config` as a dict."""
     if os.geteuid() != 0:
         pytest.skip("local SLURM needs root: run `sudo launchers/local_slurm/start.sh` first, or the tests as root")
     # the node advertises the machine's real CPUs (2 here): a pipeline is one allocation its roles share. Set but
@@ -42,24 +42,24 @@ def slurm(tmp_path_factory):
     if proc.returncode in SKIP_CODES:
         pytest.skip(f"local SLURM cannot be installed here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, f"start.sh exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    cancel_earlier_sessions_jobs(tmp_path_factory.getbasetemp())
+    cancel_jobs_of_earlier_runs(tmp_path_factory.getbasetemp())
     out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
     return {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in out.splitlines()) if v}
 
 
-def cancel_earlier_sessions_jobs(basetemp: Path) -> list[str]:
-    """Cancel the jobs an earlier session of these tests left queued or running: one stopped mid-test (its machine
-    stopped, or its run was killed) leaves its jobs in slurmctld's saved state, requeued by the next start.sh, and they
-    would take the node this session's jobs wait for. Every test job writes its log under its test's temporary
-    directory, so theirs lie under pytest's temporary root but outside this session's directory (the parent of a
-    pytest-xdist worker's own)."""
-    session = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+def cancel_jobs_of_earlier_runs(basetemp: Path) -> list[str]:
+    """Cancel the jobs an earlier run of these tests left queued or running: a run stopped mid-test (its machine
+    stopped, or it was killed) leaves its jobs in slurmctld's saved state, requeued by the next start.sh, and they
+    would take the node this run's jobs wait for. Every test job writes its log under its test's temporary directory,
+    so theirs lie under pytest's temporary root but outside this run's directory (the parent of a pytest-xdist
+    worker's own)."""
+    this_run = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
     out = subprocess.run(["squeue", "-h", "-O", "JobID:30,StdOut:4096"], capture_output=True, text=True).stdout
     stale = []
     for line in out.splitlines():
         job_id, _, stdout = line.strip().partition(" ")
         log = Path(stdout.strip())
-        if log.is_relative_to(session.parent) and not log.is_relative_to(session):
+        if log.is_relative_to(this_run.parent) and not log.is_relative_to(this_run):
             stale.append(job_id)
     if stale:
         subprocess.run(["scancel", *stale], check=True)
@@ -172,7 +172,10 @@ def test_a_job_the_machine_stopped_under_is_requeued_and_frees_its_node(slurm, t
             time.sleep(0.2)
         assert cluster.power_cut(), "no process of the cluster to kill"
         cluster.start()
-        assert squeue_state(held) == "PENDING", queue()  # requeued: it begins again after SLURM's requeue delay
+        deadline = time.monotonic() + 30  # requeued: it ends (COMPLETING), then waits out SLURM's requeue delay
+        while squeue_state(held) != "PENDING":
+            assert time.monotonic() < deadline, f"job {held} was not requeued:\n{queue()}"
+            time.sleep(0.2)
         ex = executor(tmp_path)
         job = ex.submit(add_and_say, 1, 2)
         assert wait_states([job], FINISHED)[job.job_id] == "COMPLETED"
