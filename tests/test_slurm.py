@@ -16,7 +16,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from prime_values.launch.slurm import FINISHED, cancel_all, job_states, make_slurm_executor, parse_extra_sbatch
+from prime_values.launch.slurm import (FINISHED, _squeue_states, cancel_all, job_states, make_slurm_executor,
+                                       parse_extra_sbatch)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "launchers" / "local_slurm"))
@@ -166,16 +167,10 @@ def test_a_job_the_machine_stopped_under_is_requeued_and_frees_its_node(slurm, t
                            "-o", str(tmp_path / "held.out"), "--wrap", "sleep 300"],
                           capture_output=True, text=True, check=True).stdout.strip()
     try:
-        deadline = time.monotonic() + 20
-        while squeue_state(held) != "RUNNING":
-            assert time.monotonic() < deadline, f"job {held} did not start:\n{queue()}"
-            time.sleep(0.2)
+        wait_job_id(held, "RUNNING", timeout=20)
         assert cluster.power_cut(), "no process of the cluster to kill"
         cluster.start()
-        deadline = time.monotonic() + 30  # requeued: it ends (COMPLETING), then waits out SLURM's requeue delay
-        while squeue_state(held) != "PENDING":
-            assert time.monotonic() < deadline, f"job {held} was not requeued:\n{queue()}"
-            time.sleep(0.2)
+        wait_job_id(held, "PENDING", timeout=30)  # requeued: it ends (COMPLETING), then waits out the requeue delay
         ex = executor(tmp_path)
         job = ex.submit(add_and_say, 1, 2)
         assert wait_states([job], FINISHED)[job.job_id] == "COMPLETED"
@@ -183,8 +178,12 @@ def test_a_job_the_machine_stopped_under_is_requeued_and_frees_its_node(slurm, t
         subprocess.run(["scancel", held])
 
 
-def squeue_state(job_id: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+def wait_job_id(job_id: str, state: str, timeout: float) -> None:
+    """Poll slurmctld until the job (submitted without submitit) is in `state`, or fail with the queue."""
+    deadline = time.monotonic() + timeout
+    while _squeue_states([job_id]).get(job_id) != state:
+        assert time.monotonic() < deadline, f"job {job_id} not {state} after {timeout} s:\n{queue()}"
+        time.sleep(0.2)
 
 
 # the full critic pipeline, small: gae, privileged critic, dedicated evaluator, a two-process policy trainer

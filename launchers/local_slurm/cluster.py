@@ -47,6 +47,11 @@ def start(**settings: str) -> str:
     return proc.stdout
 
 
+def state_dir() -> Path:
+    """The cluster's state directory (start.sh's LOCAL_SLURM_STATE): pid files, job state, logs."""
+    return Path(os.environ.get("LOCAL_SLURM_STATE", "/var/lib/prime-values-slurm"))
+
+
 def nodes() -> dict[str, int]:
     """The cluster's nodes and their CPUs (sinfo lists a node once per partition)."""
     out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%c"], capture_output=True, text=True).stdout
@@ -66,7 +71,7 @@ def lose_node(name: str, mark_down: bool = True) -> list[int]:
     once the node has been silent for SlurmdTimeout (LOCAL_SLURM_SLURMD_TIMEOUT). Returns the pids killed."""
     import psutil
 
-    state = Path(os.environ.get("LOCAL_SLURM_STATE", "/var/lib/prime-values-slurm"))
+    state = state_dir()
     spool = f"{state / 'slurmd' / name}/"
     daemons = [psutil.Process(int((state / "run" / f"slurmd-{name}.pid").read_text()))]
     for proc in psutil.process_iter(["name"]):
@@ -96,7 +101,7 @@ def power_cut() -> list[int]:
     import psutil
 
     names = sorted(nodes())
-    state = Path(os.environ.get("LOCAL_SLURM_STATE", "/var/lib/prime-values-slurm"))
+    state = state_dir()
     ctld = psutil.Process(int((state / "run" / "slurmctld.pid").read_text()))
     ctld.terminate()
     ctld.wait(timeout=30)
