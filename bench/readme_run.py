@@ -1,19 +1,24 @@
-"""The README run (`python -m prime_values +experiment=arith`), before and after: where its time goes (SFT, critic
-pretraining, policy steps; each role's compute / wait / io and CPU per wall second) and its held-out accuracy
-curve, one small record per run under bench/records/readme/<label>/seed<S>.json, and a table side by side.
+"""The README run (`python -m prime_values +experiment=arith`) over seeds and kernel variants: where its time goes
+(SFT, critic pretraining, policy steps; each role's compute / wait / io and CPU per wall second) and its held-out
+accuracy curve, one small record per run under bench/records/readme/<label>/seed<S>.json (stamped with the commit,
+date, CPU, its flags and the kernels torch ran), and a table side by side.
 
-    python bench/readme_run.py --label new --seeds 0,1,2                   # run the README command per seed
-    python bench/readme_run.py --label old --seeds 0,1,2 -- steps=300 ...  # the same with overrides (old defaults)
-    python bench/readme_run.py --record <run_dir> --label new --seed 0     # keep a finished run as a record
-    python bench/readme_run.py --report                                    # the table from the records
+    python bench/readme_run.py --label L --seeds 0,1,2 --kernels native,avx2  # the README promise: 6 runs
+    python bench/readme_run.py --label old --seeds 0,1,2 -- steps=300 ...     # the same with overrides
+    python bench/readme_run.py --record <run_dir> --label new --seed 0        # keep a finished run as a record
+    python bench/readme_run.py --report [--labels A,B]                        # the table from the records
 
-Runs go to /tmp/readme_run/<label>/seed<S> (the run directory), one after the other; `OMP_NUM_THREADS` as given
-(unset, the warm start uses every core, as the README command does).
+Seed S is `seed=S policy.warm_start.seed=S`: a warm start of its own, so the SFT stop varies too. Kernel variant
+`avx2` runs with torch, MKL and oneDNN held to AVX2 kernels (AVX2_KERNELS: how an AVX2-only machine rounds, on
+this one); its records go to <label>_avx2. Runs go to /tmp/readme_run/<label>/seed<S> (the run directory), one
+after the other; a record that exists is kept and not rerun (the grid resumes), `--force` reruns it.
+`OMP_NUM_THREADS` as given (unset, the warm start uses every core, as the README command does).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -22,11 +27,33 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "bench" / "records" / "readme"
 OLD = ["steps=300", "eval_every=50", "policy.warm_start.target_accuracy=0.5", "critic.warm_start.steps=300",
        "critic.warm_start.rollouts=2048", "replay.ratio=0", "policy.pack_sequences=false",
        "critic.pack_sequences=false"]  # the defaults before the replay ratio (bench/records/readme/old)
+
+
+AVX2_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+KERNELS = {"native": {}, "avx2": AVX2_KERNELS}  # environment each kernel variant's runs start with
+PROMISE = 0.25  # the README's promise: each run gains at least this much held-out accuracy
+
+
+def machine(env: dict[str, str]) -> dict:
+    """Where and with what a record was made: commit, date, CPU model and vector flags, torch's kernels."""
+    from prime_values.models.build import cpu_flags
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown")
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    kernels = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return {"commit": commit.stdout.strip() or "unknown", "date": datetime.date.today().isoformat(), "cpu": model,
+            "load_avg_1min_at_end": round(os.getloadavg()[0], 2),  # other processes beside the run slow its roles
+            "cpu_flags": sorted(f for f in (cpu_flags() or ()) if f.startswith(("avx", "amx"))),
+            "torch": torch.__version__, "kernels": kernels or "unknown"}
 
 
 def lines(path: Path) -> list[dict]:
@@ -62,15 +89,19 @@ def record(run_dir: Path, label: str, seed: int, wall_s: float | None = None, cp
             "roles": roles}
 
 
-def run(label: str, seed: int, overrides: list[str]) -> dict:
+def run(label: str, seed: int, overrides: list[str], kernels: str = "native") -> dict:
     run_dir = Path("/tmp/readme_run") / label / f"seed{seed}"
-    command = [sys.executable, "-m", "prime_values", "+experiment=arith", f"seed={seed}", *overrides,
-               f"hydra.run.dir={run_dir}"]
+    if run_dir.exists():  # a run that was cut off: start it again rather than resume half of another start
+        import shutil
+        shutil.rmtree(run_dir)
+    command = [sys.executable, "-m", "prime_values", "+experiment=arith", f"seed={seed}",
+               f"policy.warm_start.seed={seed}", *overrides, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **KERNELS[kernels]}
     began, cpu = time.time(), os.times()
-    subprocess.run(command, cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    subprocess.run(command, cwd=ROOT, check=True, env=env)
     after = os.times()
     cpu_s = (after.children_user - cpu.children_user) + (after.children_system - cpu.children_system)
-    return record(run_dir, label, seed, time.time() - began, cpu_s)
+    return {**record(run_dir, label, seed, time.time() - began, cpu_s), **machine(env), "command": command[1:]}
 
 
 def save(rec: dict) -> Path:
@@ -80,8 +111,9 @@ def save(rec: dict) -> Path:
     return path
 
 
-def report() -> None:
+def report(labels: list[str] | None = None) -> None:
     recs = [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*/seed*.json"))]
+    recs = [r for r in recs if labels is None or r["label"] in labels]
     print("| label | seed | wall s | SFT s (steps) | critic pretrain s | RL s (steps, s/step) | critic steps / policy "
           "step | held-out first -> final (gain) | critic EV | curve |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -95,8 +127,12 @@ def report() -> None:
     for r in recs:
         by_label.setdefault(r["label"], []).append(r)
     for label, rs in by_label.items():
-        print(f"{label}: mean wall {statistics.mean(r['wall_s'] for r in rs):.0f} s, mean gain "
-              f"{statistics.mean(r['gain'] for r in rs):+.3f} over {len(rs)} seed(s)")
+        gains = [r["gain"] for r in rs]
+        where = sorted({f"{r['cpu']} ({r['kernels']} kernels), {r['commit']}" for r in rs if "cpu" in r})
+        print(f"{label}: mean wall {statistics.mean(r['wall_s'] for r in rs):.0f} s, gain {min(gains):+.3f} to "
+              f"{max(gains):+.3f} (mean {statistics.mean(gains):+.3f}) over {len(rs)} seed(s); "
+              f"{sum(g >= PROMISE for g in gains)} of {len(rs)} at or above {PROMISE:+.2f}"
+              + (f"; {'; '.join(where)}" if where else ""))
     print("per role (compute / wait / io of its wall; CPU s per wall s):")
     for r in recs:
         parts = ", ".join(f"{role} {v['compute']:.0%}/{v['wait']:.0%}/{v['io']:.0%} cpu {v['cpu_s'] / v['wall_s']:.2f}"
@@ -115,14 +151,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--old", action="store_true", help="run with the old defaults (OLD) before any overrides")
     ap.add_argument("--record", type=Path, default=None, help="keep this finished run directory as a record")
     ap.add_argument("--wall-s", type=float, default=None, help="with --record: the command's wall time")
+    ap.add_argument("--kernels", default="native", help="comma-separated variants of " + ", ".join(KERNELS))
+    ap.add_argument("--force", action="store_true", help="rerun a seed whose record exists")
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--labels", default=None, help="with --report: only these labels (comma-separated)")
     args = ap.parse_args(argv)
+    variants = args.kernels.split(",")
+    if unknown := [k for k in variants if k not in KERNELS]:
+        ap.error(f"--kernels {','.join(unknown)}: choose from {', '.join(KERNELS)}")
+    labels = [args.label if k == "native" else f"{args.label}_{k}" for k in variants]
     if args.record:
         print(save(record(args.record, args.label, args.seed, args.wall_s)))
     elif not args.report:
         for seed in (int(s) for s in args.seeds.split(",")):
-            print(save(run(args.label, seed, (OLD if args.old else []) + overrides)))
-    report()
+            for kernels, label in zip(variants, labels):
+                if (RECORDS / label / f"seed{seed}.json").exists() and not args.force:
+                    print(f"{label} seed {seed}: recorded already (--force reruns it)")
+                    continue
+                print(save(run(label, seed, (OLD if args.old else []) + overrides, kernels)), flush=True)
+    report(args.labels.split(",") if args.labels else None if args.report else labels)
     return 0
 
 

@@ -47,12 +47,13 @@ class Mutation:
     old: str
     new: str
     tests: tuple[str, ...]
-    own_checkpoint: bool = False  # it breaks the warm start: its tests make their own version 0
+    own_checkpoint: bool = False  # it breaks the warm start: its tests make their own version 0 with the mutant
 
 
 E2E_GRPO = "tests/test_pipeline.py::test_pipeline_grpo_lockstep_starts_no_critic"
 E2E_TWO = "tests/test_pipeline.py::test_two_inference_workers_and_two_evaluators"
 E2E_COLOCATED = "tests/test_pipeline.py::test_pipeline_with_critic[colocated]"
+E2E_CPU = "tests/test_pipeline.py::test_pipeline_with_critic[cpu]"
 STEP = "tests/test_policy_step.py"
 WIRING = "tests/test_orchestrator_wiring.py"
 DIRECTION = f"{STEP}::test_direction_gap_is_positive_after_a_correct_step_and_negative_after_a_flipped_one[clip]"
@@ -90,7 +91,7 @@ MUTATIONS = [
              '"value_targets": scored["targets"][b, : len(r["token_ids"])].tolist()',
              '"value_targets": scored["advantages"][b, : len(r["token_ids"])].tolist()',
              (f"{WIRING}::test_targets_rows_carry_value_targets_not_advantages_and_each_rollouts_privileged_block",
-              E2E_TWO)),
+              E2E_CPU)),
     Mutation("targets-drop-privileged", "orchestrator", "the critic trains with the privileged block",
              "prime_values/roles/orchestrator.py",
              '"privileged": r["privileged"], "reward": r["reward"], "values": v["values"]',
@@ -132,13 +133,13 @@ MUTATIONS = [
              "prime_values/roles/evaluator.py",
              "values = inputs.values(critic, self.cfg.critic.loss).float().cpu()",
              "values = inputs.values(critic, self.cfg.critic.loss).float().cpu() * 0 + 0.5",
-             (E2E_TWO, E2E_COLOCATED)),
+             (E2E_CPU, E2E_COLOCATED)),
     # inference
     Mutation("inference-drops-privileged", "inference", "the critic sees the privileged context",
              "prime_values/roles/inference.py",
              '            "privileged": problem.privileged,',
              '            "privileged": "",',
-             (E2E_TWO,)),
+             (E2E_CPU,)),
     # value trainer (and the critic step it calls)
     Mutation("critic-never-publishes", "value trainer", "the value trainer publishes new critic versions",
              "prime_values/roles/value_trainer.py",
@@ -165,7 +166,7 @@ MUTATIONS = [
              "prime_values/roles/warm_start.py",
              '    rewards = torch.tensor([r["reward"] for r in rows])',
              '    rewards = torch.tensor([r["reward"] for r in rows]).roll(1)  # mutation: another rollout\'s',
-             (E2E_TWO,), own_checkpoint=True),
+             (E2E_CPU,), own_checkpoint=True),
 ]
 
 
@@ -219,8 +220,11 @@ def run_tests(tree: Path, tests: tuple[str, ...], timeout_s: float, checkpoint: 
            # a broken run often hangs (a critic that never publishes stalls a gated run): give up sooner
            "PV_TEST_RUN_TIMEOUT": os.environ.get("PV_TEST_RUN_TIMEOUT", "180")}
     env.pop("PV_TEST_CHECKPOINT", None)
+    env.pop("PV_TEST_FRESH_VERSION0", None)
     if checkpoint:
         env["PV_TEST_CHECKPOINT"] = checkpoint
+    else:  # a mutation that breaks the warm start: its tests make version 0 with the mutant, not the committed one
+        env["PV_TEST_FRESH_VERSION0"] = "1"
     report = tree / ".mutation-junit.xml"
     report.unlink(missing_ok=True)
     began = time.time()
@@ -281,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check or problems:
         print(f"{len(chosen) - problems} of {len(chosen)} mutations apply")
         return 2 if problems else 0
-    # the session checkpoint of the end-to-end tests (policy/critic v0), made once from the unmutated tree and
-    # shared by every mutant's tests except those of a mutation that breaks the warm start
+    # the end-to-end tests' version 0 (the committed tests/data/version0), shared by every mutant's tests except
+    # those of a mutation that breaks the warm start, which make their own
     sys.path.insert(0, str(REPO / "tests"))
     import e2e_helpers
 
