@@ -4,8 +4,8 @@ Most cases go through `prime_values.__main__.precheck` (what `python -m prime_va
 over; it returns the one-line error or None), a few through the real command to prove exit code 2, one line on
 stderr, no traceback and no run directory.
 
-Not covered yet: SLURM-specific cases (a partition required by the cluster, etc.) — there is no
-`launcher=slurm` yet; `test_slurm_without_partition` activates itself when `conf/launcher/slurm.yaml` appears.
+SLURM cases here are the ones decided by the config alone (launcher.nodes / launcher.placement.*, an empty
+partition); those that need a cluster (a partition it lacks, a pipeline it cannot hold) are in tests/test_slurm.py.
 Multirun sweeps are prechecked with the first value of each sweep only (`advantage=gae,ppo` passes the
 precheck; the `ppo` job fails in the conductor's own validate, after launch).
 """
@@ -80,6 +80,21 @@ CORPUS = [
      "raise replay.capacity or lower critic.batch_rollouts"),
     (["replay.min_rollouts=5000"], "replay.min_rollouts", "exceeds replay.capacity"),
     (["advantage=grpo", "inference.group_size=1"], "inference.group_size", "use advantage=gae or tether"),
+    # a batch baseline over a batch of one rollout: every advantage 0 (prime_values/config/inference.py)
+    (["advantage=batch_loo", "inference.group_size=1", "inference.prompts_per_step=1"],
+     "inference.prompts_per_step=1 x inference.group_size=1", "raise inference.prompts_per_step or "
+     "inference.group_size so a batch has >= 2 rollouts"),
+    (["advantage=batch_mean", "inference.group_size=1", "inference.prompts_per_step=1"],
+     "advantage=batch_mean", "use advantage=gae or tether"),
+    # launcher.nodes / launcher.placement: SLURM's allocation only, each node index inside it (config/launcher.py)
+    (["launcher.nodes=2", "launcher.placement.policy_trainer=[5]"], "launcher.nodes=2",
+     "applies to launcher=slurm only (launcher=local runs every role on this one machine); set launcher.nodes=1"),
+    (["launcher.placement.policy_trainer=[5]"], "launcher.placement.policy_trainer=[5]",
+     "set launcher.placement.policy_trainer=null or use launcher=slurm"),
+    (["launcher=slurm", "launcher.nodes=2", "launcher.placement.policy_trainer=[5]"],
+     "launcher.placement.policy_trainer=5", "outside the allocation's 0..1; raise launcher.nodes"),
+    (["launcher=slurm", "launcher.placement.value_trainer=1"], "launcher.placement.value_trainer=1",
+     "outside the allocation's 0..0"),
     (["topology.inference_workers=3"], "topology.inference_workers", "must be divisible"),
     (["critic.max_length=1024"], "critic.max_length", "lower critic.max_length"),
     (["inference.max_new_tokens=300"], "inference.max_new_tokens", "lower it or raise max_position_embeddings"),
@@ -153,6 +168,15 @@ def test_the_corpus_is_large_and_the_baseline_is_valid():
     assert precheck(["+experiment=arith", "advantage=grpo", "replay.capacity=8", "replay.min_rollouts=8"]) is None
     for estimator in ("gae", "tether"):  # a group of one: the critic is the baseline (docs/value_functions.md)
         assert precheck(["+experiment=arith", f"advantage={estimator}", "inference.group_size=1"]) is None
+    for estimator in ("gae", "tether", "reinforce"):  # a batch of one: the critic's baseline, or none at all
+        assert precheck(["+experiment=arith", f"advantage={estimator}", "inference.group_size=1",
+                         "inference.prompts_per_step=1"]) is None
+    for estimator in ("batch_mean", "batch_loo"):  # two rollouts in a batch: a baseline that is not one's own reward
+        assert precheck(["+experiment=arith", f"advantage={estimator}", "inference.group_size=1",
+                         "inference.prompts_per_step=2"]) is None
+    # launcher=slurm over two nodes, a trainer across both (--cfg job: without this machine's SLURM commands)
+    assert precheck(["+experiment=arith", "launcher=slurm", "launcher.nodes=2", "topology.policy_trainer_procs=2",
+                     "launcher.placement.policy_trainer=[0,1]", "--cfg", "job"]) is None
 
 
 @pytest.mark.parametrize("overrides, key, fix", CORPUS, ids=[" ".join(c[0]) for c in CORPUS])
@@ -246,6 +270,9 @@ def test_slurm_without_partition():
     (["topology.inference_device=cuda:3"], "topology.inference_device"),
     (["schedule.max_off_policy=-1"], "schedule.max_off_policy"),
     (["task.digits=10"], "task.digits=10"),
+    (["launcher.nodes=2", "launcher.placement.policy_trainer=[5]"], "launcher.nodes=2"),
+    (["advantage=batch_loo", "inference.group_size=1", "inference.prompts_per_step=1"],
+     "inference.prompts_per_step=1 x inference.group_size=1"),
 ])
 def test_real_command_exits_2_with_one_line_and_no_run_dir(tmp_path, overrides, key):
     run_dir = tmp_path / "run"

@@ -9,6 +9,11 @@ from prime_values.config.base import choice, ranged
 CRITIC_ESTIMATORS = ("gae", "tether")
 """the estimators that read the critic's values (the others start no critic roles)"""
 
+BATCH_MEANS = ("batch_mean", "batch_loo")
+"""the batch baselines that subtract a mean of the policy batch's rewards (prime_values.algo.gae.BATCH_BASELINES less
+'reinforce'): a batch of one rollout is its own baseline, every advantage 0, so they need prompts_per_step x
+group_size >= 2 (InferenceConfig.check)"""
+
 
 @dataclass
 class AdvantageConfig:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict
 
 from prime_values import backends
+from prime_values.config.advantage import BATCH_MEANS
 from prime_values.config.base import ConfigError, choice, ranged
 
 
@@ -25,7 +26,8 @@ class InferenceConfig:
     """completions sampled per prompt (one group); >= 1, and >= 2 for advantage=grpo (gae and tether baseline a
     group of one with the critic)"""
     prompts_per_step: int = ranged(16, ">= 1")
-    """prompts per policy step across all workers; a batch has prompts_per_step x group_size rollouts"""
+    """prompts per policy step across all workers; a batch has prompts_per_step x group_size rollouts (>= 2 for
+    advantage=batch_mean and batch_loo, whose baseline is a mean over the batch)"""
     temperature: float = ranged(1.0, "> 0")
     """sampling temperature (the policy trainer recomputes logprobs at the same temperature)"""
     max_new_tokens: int = ranged(8, ">= 1")
@@ -38,6 +40,13 @@ class InferenceConfig:
             raise ConfigError(f"inference.group_size={inference.group_size} must be >= 2 for advantage=grpo (a group "
                               "mean of one is the reward: every advantage would be 0); raise inference.group_size or "
                               "use advantage=gae or tether, whose critic baselines a group of one")
+        rollouts = inference.prompts_per_step * inference.group_size
+        if rollouts < 2 and cfg.advantage.estimator in BATCH_MEANS:
+            raise ConfigError(f"inference.prompts_per_step={inference.prompts_per_step} x inference.group_size="
+                              f"{inference.group_size} is a batch of one rollout, too few for advantage="
+                              f"{cfg.advantage.estimator} (a batch of one is its own baseline: every advantage would "
+                              "be 0); raise inference.prompts_per_step or inference.group_size so a batch has >= 2 "
+                              "rollouts, or use advantage=gae or tether, whose critic baselines a batch of one")
         if environment:
             InferenceConfig.check_backend(cfg)
         workers = cfg.topology.inference_workers
