@@ -11,9 +11,13 @@ launcher.restart_window_s). On top of that budget, five rules:
   role's first heartbeat, is a config or code error that a restart cannot fix (`+experiment=arith task.digits=10`);
 - a death caused by another process (the fork server the role was forked from died) restarts the role without
   charging its budget or backing off;
-- a hang is a failure: a role whose newest heartbeat (or start, before the first) is older than
-  launcher.hang_timeout_s is SIGKILLed with its process tree and restarted, with the cause
-  `hung: no heartbeat for N s`;
+- a hang is a failure: a role that came up (it beat since its start) and whose newest heartbeat is older than
+  its hang limit is SIGKILLed with its process tree and restarted, with the cause `hung: no heartbeat for N s`.
+  The limit is launcher.hang_timeout_s, or launcher.hang_quiet_factor times the longest silence between two of
+  its heartbeats that the role has shown in this run (one step or evaluation on this machine, under its present
+  load), whichever is longer. Its start-up (an srun step, imports, a rendezvous, loading models: a minute or more
+  on a loaded machine) has no heartbeat to go by: a role that has not beaten since its start is held to
+  launcher.start_timeout_s instead (never less than hang_timeout_s), so a slow start is not taken for a hang;
 - a SLURM allocation over several nodes that is losing one (SLURM finds it down or not responding) restarts
   nothing while it lasts, uncharged: SLURM ends the allocation and a fresh one resumes the run
   (prime_values.submitter), or the node answers again and the roles restart then.
@@ -91,6 +95,10 @@ class RoleJob:
     early_cause: str | None = None  # the cause of the last of those: the same exception again ends the run
     restart_at: float | None = None  # a failed job waiting out its backoff before it is resubmitted
     hung: str | None = None  # the cause once the supervisor killed the job for a hang
+    beat_before: float | None = None  # its heartbeat's time when the job was started: a newer one says it came up
+    last_beat: float | None = None  # the newest heartbeat the supervisor saw
+    quiet_seen: float = 0.0  # how long after last_beat the supervisor last saw no newer one
+    longest_quiet: float = 0.0  # the longest silence between two heartbeats of a job of this role it saw, this run
 
 
 def exit_cause(job) -> tuple[bool, str | None]:
@@ -121,6 +129,39 @@ def _heartbeat_since(run: RunDir, name: str, since: float) -> bool:
     """Whether role `name` wrote a heartbeat after `since` (it came up: its loop is running)."""
     beat = heartbeat_time(run, name)
     return beat is not None and beat >= since - 1.0
+
+
+def _beat_since_start(role_job: RoleJob, beat: float | None) -> bool:
+    """Whether the role's job beat since it was started, `beat` its heartbeat's time now: the heartbeat changed
+    since its start. No clock is compared (the file's time is the filesystem's, also on NFS), and the last beat of
+    the job it replaces, however close to its start, is not taken for its own."""
+    return beat is not None and beat != role_job.beat_before
+
+
+def start_limit(launcher) -> tuple[float | None, str]:
+    """How long a role may take from its start to its first heartbeat, and why: launcher.start_timeout_s, never
+    less than launcher.hang_timeout_s (None when either is null: no limit)."""
+    hang, start = getattr(launcher, "hang_timeout_s", None), getattr(launcher, "start_timeout_s", 1800.0)
+    if not hang or not start:
+        return None, ""
+    if start >= hang:
+        return float(start), f"launcher.start_timeout_s={start:g}"
+    return float(hang), f"launcher.hang_timeout_s={hang:g}, more than launcher.start_timeout_s={start:g}"
+
+
+def hang_limit(launcher, role_job: RoleJob) -> tuple[float | None, str]:
+    """How long a role that came up may be silent before it is taken for hung, and why: launcher.hang_timeout_s,
+    or launcher.hang_quiet_factor x the longest silence it has shown between two heartbeats, whichever is longer
+    (None when hang_timeout_s is null: never)."""
+    limit = getattr(launcher, "hang_timeout_s", None)
+    if not limit:
+        return None, ""
+    factor = getattr(launcher, "hang_quiet_factor", None)
+    if factor and factor * role_job.longest_quiet > limit:
+        return factor * role_job.longest_quiet, (f"launcher.hang_quiet_factor={factor:g} x its longest silence in "
+                                                 f"this run, {role_job.longest_quiet:.1f} s, more than "
+                                                 f"launcher.hang_timeout_s={limit:g}")
+    return float(limit), f"launcher.hang_timeout_s={limit:g}"
 
 
 @dataclass
@@ -163,9 +204,15 @@ class Supervisor:
 
         return role_nodes(self.cfg, role) if role != "warm_start" else role_nodes(self.cfg, "policy_trainer")[:1]
 
+    def _start(self, role_job: RoleJob) -> None:
+        """Start (or restart) the role's job, noting its heartbeat's time before it (`_beat_since_start`)."""
+        role_job.beat_before = role_job.last_beat = heartbeat_time(self.run, role_job.name)
+        role_job.quiet_seen = 0.0
+        self._launch(role_job)
+
     def submit(self, name: str, role: str, device: str, *args) -> RoleJob:
         role_job = RoleJob(name, role, None, device, args)
-        self._launch(role_job)
+        self._start(role_job)
         self.jobs.append(role_job)
         return role_job
 
@@ -199,14 +246,27 @@ class Supervisor:
         return None
 
     def _kill_if_hung(self, role_job: RoleJob) -> None:
-        limit = getattr(self.cfg.launcher, "hang_timeout_s", None)
-        if not limit:
-            return
-        started = getattr(role_job.job, "started_at", 0.0) or time.time()
+        """Kill the job if it is hung (module docstring): silent past its hang limit once it came up, or not come up
+        within launcher.start_timeout_s. Notes the silences between its heartbeats (`RoleJob.longest_quiet`)."""
+        launcher, now = self.cfg.launcher, time.time()
         beat = heartbeat_time(self.run, role_job.name)
-        quiet = time.time() - max(started, beat or 0.0)
-        if quiet > limit:
-            role_job.hung = f"hung: no heartbeat for {quiet:.0f} s (launcher.hang_timeout_s={limit:g})"
+        if not _beat_since_start(role_job, beat):  # starting: srun, imports, rendezvous, loading; no beat to go by yet
+            limit, why = start_limit(launcher)
+            started = getattr(role_job.job, "started_at", 0.0) or now
+            if limit is not None and now - started > limit:
+                role_job.hung = (f"hung: no heartbeat for {now - started:.0f} s since its start, before it came "
+                                 f"up ({why})")
+                kill_job(role_job.job)  # SIGKILL: a hung process answers no polite signal (nor does a stopped one)
+            return
+        quiet = now - beat
+        if beat != role_job.last_beat:  # it beat again: the silence before was real, at least as long as was seen
+            if role_job.last_beat != role_job.beat_before:  # (not its start-up: start_timeout_s holds that)
+                role_job.longest_quiet = max(role_job.longest_quiet, role_job.quiet_seen)
+            role_job.last_beat, role_job.quiet_seen = beat, 0.0
+        role_job.quiet_seen = max(role_job.quiet_seen, quiet)  # never more than the silence was: beats are polled
+        limit, why = hang_limit(launcher, role_job)
+        if limit is not None and quiet > limit:
+            role_job.hung = f"hung: no heartbeat for {quiet:.0f} s ({why})"
             kill_job(role_job.job)  # SIGKILL: a hung process answers no polite signal (nor does a stopped one)
 
     def _schedule_restart(self, role_job: RoleJob, cause: str) -> None:
@@ -247,7 +307,7 @@ class Supervisor:
 
     def _relaunch(self, role_job: RoleJob, line: str) -> None:
         self._count(role_job, line)
-        self._launch(role_job)
+        self._start(role_job)
 
     def _count(self, role_job: RoleJob, line: str) -> None:
         role_job.restarts += 1
@@ -263,7 +323,7 @@ class Supervisor:
                     role_job.restart_at = time.time() + LOST_NODE_RECHECK_S
                     continue
                 role_job.restart_at = None
-                self._launch(role_job)
+                self._start(role_job)
 
     def _lost_nodes(self) -> list[str]:
         """launcher=slurm, inside an allocation over several nodes: its nodes SLURM finds down or not responding."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -507,28 +508,65 @@ def _finished(proc, run_dir: Path, steps: int) -> tuple[str, str]:
     return out, inside
 
 
+def _restarts(run_dir: Path) -> dict:
+    path = run_dir / "control" / "restarts.json"  # the conductor's count of each role's restarts
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _restarted_and_up(run_dir: Path, role: str, restarts: int, proc, timeout: float = 1800) -> None:
+    """Wait until the conductor has restarted `role` `restarts` times and the newest of its jobs came up: its
+    heartbeat is newer than that job's start (`jobs/<role>/<job id>_process.json`, written as the job starts; only
+    the filesystem's clock is compared). Its processes are then all there, past their start-up."""
+    folder, heartbeat = run_dir / "jobs" / role, run_dir / "state" / role / "heartbeat"
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"the run ended before restart {restarts} of {role} came up"
+        starts = sorted(p.stat().st_mtime for p in folder.glob("*_process.json"))
+        if _restarts(run_dir).get(role, 0) >= restarts and len(starts) > restarts and heartbeat.exists() and \
+                heartbeat.stat().st_mtime > starts[-1]:
+            return
+        assert time.monotonic() < deadline, f"restart {restarts} of {role} did not come up in {timeout} s"
+        time.sleep(0.5)
+
+
+HANG_TIMEOUT_S = 30  # the two-node test's launcher.hang_timeout_s: the floor of its hang limit (hang_quiet_factor)
+
+
 @pytest.mark.slow  # a real SLURM daemon, restarted twice
 def test_the_pipeline_runs_over_two_nodes(slurm, tmp_path):
     """LOCAL_SLURM_NODES=2 and launcher.nodes=2: one allocation over both nodes, the generation side (inference,
     evaluator, orchestrator) beside the conductor on node 0, the value trainer on node 1, and the policy trainer's
     two FSDP ranks one on each node (launcher.placement.policy_trainer=[0, 1]: one srun step of two tasks, gloo
-    over TCP, rendezvous through its job folder). Rank 1 is killed mid-run, and later frozen (SIGSTOP: a rank
-    stuck, so rank 0 waits in a collective and the step's heartbeat goes silent): each time the step ends as a
-    whole and the supervisor restarts it. The run finishes, each role ran on its node (SLURM's accounting and the
-    controllers' exit states say so), both ranks trained, prime_values.tools.check finds nothing lost."""
-    from prime_values.tools.chaos import signal_rank
+    over TCP, rendezvous through its job folder). Rank 1 is killed mid-run, and once the restarted step came up it
+    is frozen (SIGSTOP: a rank stuck, so rank 0 waits in a collective and the step's heartbeat goes silent): each
+    time the step ends as a whole and the supervisor restarts it. The hang is the frozen role's alone: no start-up
+    (an srun step, imports, the rendezvous: far longer than launcher.hang_timeout_s on a loaded machine) and no
+    step is taken for one. The run finishes, each role ran on its node (SLURM's accounting and the controllers'
+    exit states say so), both ranks trained, prime_values.tools.check finds nothing lost."""
+    from prime_values.tools.chaos import policy_step, signal_rank
 
-    with _two_node_pipeline(tmp_path, 8, "launcher.hang_timeout_s=30") as (proc, run_dir, names):
+    steps = 12  # the freeze comes right after the restarted step came up, several steps before the last
+    with _two_node_pipeline(tmp_path, steps, f"launcher.hang_timeout_s={HANG_TIMEOUT_S}") as (proc, run_dir, names):
         _wait_step(run_dir, 2, proc, timeout=1800)
         assert signal_rank(run_dir, "policy_trainer", 1, signal.SIGKILL), "no rank 1 of the policy trainer to kill"
-        _wait_step(run_dir, 5, proc, timeout=1800)
+        _restarted_and_up(run_dir, "policy_trainer", 1, proc)  # not a step count: the killed step may have gone on
+        frozen_at = policy_step(run_dir)
+        assert frozen_at < steps, f"the run reached step {frozen_at} of {steps} before the freeze: give it more steps"
         assert signal_rank(run_dir, "policy_trainer", 1, signal.SIGSTOP), "no rank 1 of the policy trainer to stop"
-        out, inside = _finished(proc, run_dir, 8)
+        # a guard, not a bound on the detection: 10 x hang_timeout_s (hang_quiet_factor may raise the limit above
+        # hang_timeout_s on a loaded machine, by what the run measured); a supervisor blind to hangs fails here
+        _restarted_and_up(run_dir, "policy_trainer", 2, proc, timeout=10 * HANG_TIMEOUT_S)
+        out, inside = _finished(proc, run_dir, steps)
         assert ("one allocation for the pipeline: 1 CPUs on each of 2 nodes (node 0: inference0, evaluator, "
                 "orchestrator, policy_trainer, the conductor; node 1: policy_trainer, value_trainer)") in out, \
             out[:3000]
         assert "role policy_trainer failed: killed by signal 9 (process 1 of 2, on node " in inside, inside[-3000:]
         assert "role policy_trainer failed: hung: no heartbeat for " in inside, inside[-3000:]
+        hung = re.findall(r"role (\S+) failed: hung: ", inside)
+        assert hung == ["policy_trainer"], inside[-3000:]  # the frozen role's hang, and nothing else taken for one
         # SLURM's own record of where each step ran
         pipeline = _pipeline_jobs(run_dir)
         assert len(pipeline) == 1, pipeline

@@ -1,6 +1,7 @@
 """The supervisor's rules (prime_values/supervisor.py) on real processes: a deterministic start-up error ends the run,
-a fork-server death is not charged to the roles forked from it, a hung (SIGSTOPped) role is killed and restarted,
-a role's failed background thread ends it with that error; signals never reach a reused pid; the fork server never
+a fork-server death is not charged to the roles forked from it, a hung (SIGSTOPped) role is killed and restarted
+while a slow start is not taken for a hang and the hang limit scales with the silences a role showed, a role's
+failed background thread ends it with that error; signals never reach a reused pid; the fork server never
 outlives a failed conductor; submitit's private method we override is the one we know."""
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ def sleep_forever(run_dir: str, name: str) -> None:
     time.sleep(3600)
 
 
+START_S_ENV = "PV_TEST_START_S"  # how long `start_slowly_then_beat` takes to come up
+
+
+def start_slowly_then_beat(run_dir: str, name: str) -> None:
+    """A role whose start-up (imports, a rendezvous, loading: a minute or more on a loaded machine) is longer than
+    launcher.hang_timeout_s: silent for PV_TEST_START_S seconds, then it beats as `beat_forever`."""
+    time.sleep(float(os.environ[START_S_ENV]))
+    beat_forever(run_dir, name)
+
+
 class _Jobs(Supervisor):
     """A supervisor whose roles are this module's functions (real submitit jobs under our controller)."""
 
@@ -62,7 +73,7 @@ class _Jobs(Supervisor):
 
 def _supervisor(tmp_path, cls=Supervisor, **launcher) -> Supervisor:
     defaults = {"name": "local", "max_restarts": 5, "restart_window_s": 3600.0, "restart_backoff_s": 0.0,
-                "hang_timeout_s": None}
+                "hang_timeout_s": None, "start_timeout_s": 1800.0, "hang_quiet_factor": 3.0}
     run = RunDir(tmp_path)
     run.mkdirs()
     run.restarts_file.parent.mkdir(parents=True, exist_ok=True)
@@ -113,6 +124,129 @@ def test_the_same_error_twice_before_coming_up_ends_the_run(tmp_path, capsys):
     supervisor._schedule_restart(came_up, error)
     assert came_up.restarts == 2 and not came_up.finished
     assert "restarting it in 0 s (2/5)" in capsys.readouterr().out
+
+
+class _Clock:
+    """The supervisor's clock (its module's `time`), moved by hand; heartbeats are written at its times."""
+
+    def __init__(self, monkeypatch, run: RunDir, name: str, now: float = 10_000.0):
+        import prime_values.supervisor as supervisor_module
+
+        self.now, self.path = now, run.heartbeat_file(name)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        monkeypatch.setattr(supervisor_module, "time", SimpleNamespace(time=lambda: self.now))
+
+    def beat(self, after_s: float = 0.0) -> None:
+        self.now += after_s
+        self.path.write_text(f"{self.now}\n")
+        os.utime(self.path, (self.now, self.now))
+
+
+def _watched(tmp_path, monkeypatch, **launcher) -> tuple[Supervisor, RoleJob, _Clock, list]:
+    """A supervisor over one fake role job started now (its heartbeat: the one its predecessor left, 1 s ago); the
+    jobs it kills are listed instead."""
+    import prime_values.supervisor as supervisor_module
+
+    supervisor = _supervisor(tmp_path, **launcher)
+    clock = _Clock(monkeypatch, supervisor.run, "policy_trainer")
+    clock.beat()  # the last beat of the job this one replaces, a second before its start
+    clock.now += 1.0
+    killed = []
+    monkeypatch.setattr(supervisor_module, "kill_job", killed.append)
+
+    def launch(role_job):
+        role_job.job = _Fake()
+        role_job.job.started_at = clock.now
+
+    supervisor._launch = launch
+    return supervisor, supervisor.submit("policy_trainer", "policy_trainer", "cpu"), clock, killed
+
+
+def test_a_slow_start_is_not_taken_for_a_hang(tmp_path, monkeypatch):
+    """Until its first heartbeat since its start a role is starting (an srun step, imports, a rendezvous, loading
+    models: a minute or more on a loaded machine), held to launcher.start_timeout_s, not to hang_timeout_s; the beat
+    its predecessor left just before it started is not its own. Once it beat, hang_timeout_s holds it."""
+    supervisor, role, clock, killed = _watched(tmp_path, monkeypatch, hang_timeout_s=3.0, start_timeout_s=120.0)
+    for _ in range(119):
+        clock.now += 1.0
+        supervisor._kill_if_hung(role)
+    assert not killed and role.hung is None  # 119 s without a beat, 3 s of hang_timeout_s: still starting
+    clock.now += 2.0
+    supervisor._kill_if_hung(role)
+    assert killed == [role.job] and role.hung == ("hung: no heartbeat for 121 s since its start, before it came up "
+                                                  "(launcher.start_timeout_s=120)")
+
+    supervisor, role, clock, killed = _watched(tmp_path, monkeypatch, hang_timeout_s=3.0, start_timeout_s=120.0)
+    clock.beat(after_s=60.0)  # came up after a minute
+    supervisor._kill_if_hung(role)
+    clock.now += 2.5
+    supervisor._kill_if_hung(role)
+    assert not killed
+    clock.now += 1.0
+    supervisor._kill_if_hung(role)
+    assert killed == [role.job] and role.hung == "hung: no heartbeat for 4 s (launcher.hang_timeout_s=3)"
+
+    # start_timeout_s is never less than hang_timeout_s; a null hang_timeout_s turns both off
+    supervisor, role, clock, killed = _watched(tmp_path, monkeypatch, hang_timeout_s=60.0, start_timeout_s=10.0)
+    clock.now += 59.0
+    supervisor._kill_if_hung(role)
+    assert not killed
+    clock.now += 2.0
+    supervisor._kill_if_hung(role)
+    assert role.hung == ("hung: no heartbeat for 61 s since its start, before it came up (launcher.hang_timeout_s=60, "
+                         "more than launcher.start_timeout_s=10)")
+    supervisor, role, clock, killed = _watched(tmp_path, monkeypatch, hang_timeout_s=None, start_timeout_s=10.0)
+    clock.now += 1e6
+    supervisor._kill_if_hung(role)
+    assert not killed
+
+
+def test_the_hang_limit_scales_with_the_silences_a_role_showed(tmp_path, monkeypatch):
+    """A role that came back from a silence of q seconds between two heartbeats (a step or an evaluation on this
+    machine, under its present load) is taken for hung after launcher.hang_quiet_factor x q once that is longer
+    than hang_timeout_s. The supervisor polls: it never counts more silence than it saw (its polls are late on a
+    loaded machine, so beats between two of them are missed), and the silence before the first beat is start-up."""
+    supervisor, role, clock, killed = _watched(tmp_path, monkeypatch, hang_timeout_s=3.0, hang_quiet_factor=3.0)
+    clock.beat(after_s=100.0)  # start-up: not a silence of the running role
+    supervisor._kill_if_hung(role)
+    clock.beat(after_s=10.0)  # beat again 10 s later, but the supervisor did not look in between: 0 s seen
+    supervisor._kill_if_hung(role)
+    assert role.longest_quiet == 0.0
+    for _ in range(5):  # a step of 2.5 s, watched every 0.5 s
+        clock.now += 0.5
+        supervisor._kill_if_hung(role)
+    clock.beat()
+    supervisor._kill_if_hung(role)
+    assert role.longest_quiet == 2.5 and not killed
+    for _ in range(14):  # a step of 7 s: under 3 x 2.5
+        clock.now += 0.5
+        supervisor._kill_if_hung(role)
+    clock.beat()
+    supervisor._kill_if_hung(role)
+    assert role.longest_quiet == 7.0 and not killed
+    clock.now += 21.0  # 3 x 7 s: still within the limit
+    supervisor._kill_if_hung(role)
+    assert not killed
+    clock.now += 1.0
+    supervisor._kill_if_hung(role)
+    assert killed == [role.job] and role.hung == ("hung: no heartbeat for 22 s (launcher.hang_quiet_factor=3 x its "
+                                                  "longest silence in this run, 7.0 s, more than "
+                                                  "launcher.hang_timeout_s=3)")
+    # what the role showed outlives its restarts: it is the machine's pace, not one process's
+    supervisor._start(role)
+    assert role.longest_quiet == 7.0
+
+    supervisor, role, clock, killed = _watched(tmp_path, monkeypatch, hang_timeout_s=3.0, hang_quiet_factor=None)
+    clock.beat(after_s=1.0)
+    supervisor._kill_if_hung(role)
+    for _ in range(5):
+        clock.now += 0.5
+        supervisor._kill_if_hung(role)
+    clock.beat()
+    supervisor._kill_if_hung(role)
+    clock.now += 3.5
+    supervisor._kill_if_hung(role)
+    assert role.hung == "hung: no heartbeat for 4 s (launcher.hang_timeout_s=3)"  # null: hang_timeout_s alone
 
 
 @pytest.mark.slow  # a real run's start (~15 s on 2 cores)
@@ -166,19 +300,23 @@ def test_a_fork_server_death_is_not_charged_to_its_roles(tmp_path, capsys):
 
 
 @pytest.mark.slow  # real jobs (~5-10 s on 2 cores)
-def test_a_hung_role_is_killed_and_restarted(tmp_path, capsys):
-    """A role beating its heartbeat is left alone; frozen with SIGSTOP (prime_values.tools.chaos --stop) it is killed
-    after launcher.hang_timeout_s and restarted, with the cause `hung: no heartbeat for N s`, charged to its budget."""
+def test_a_hung_role_is_killed_and_restarted(tmp_path, capsys, monkeypatch):
+    """A role that takes twice launcher.hang_timeout_s to start, then beats its heartbeat, is left alone; frozen with
+    SIGSTOP (prime_values.tools.chaos --stop) it is killed after launcher.hang_timeout_s (or, had the loaded machine
+    kept it silent longer between beats, launcher.hang_quiet_factor times that) and restarted, with the cause
+    `hung: no heartbeat for N s`, charged to its budget."""
     from prime_values.tools.chaos import role_processes, signal_role
 
     class Beating(_Jobs):
-        target = staticmethod(beat_forever)
+        target = staticmethod(start_slowly_then_beat)
 
+    monkeypatch.setenv(START_S_ENV, "6")  # twice launcher.hang_timeout_s before its first heartbeat
     supervisor = _supervisor(tmp_path, Beating, hang_timeout_s=3.0)
     try:
         role = supervisor.submit("policy_trainer", "policy_trainer", "cpu")
         beat = supervisor.run.heartbeat_file("policy_trainer")
-        _until(beat.exists, "the first heartbeat")
+        _until(lambda: supervisor.check() is None and beat.exists(), "the first heartbeat")  # watched as it starts
+        assert role.restarts == 0 and role.hung is None, "a slow start was taken for a hang"
         assert supervisor.check() is None and role.restarts == 0 and role.hung is None  # beating: alive
         frozen = role_processes(tmp_path, "policy_trainer")
         assert {p.pid for p in frozen} >= {int(role.job.job_id)} and len(frozen) >= 2  # controller and task
@@ -186,7 +324,8 @@ def test_a_hung_role_is_killed_and_restarted(tmp_path, capsys):
         assert _until(lambda: all(p.status() == psutil.STATUS_STOPPED for p in frozen), "the role frozen")
         _until(lambda: supervisor.check() is None and role.restarts == 1, "the hung role restarted")
         out = capsys.readouterr().out
-        assert re.search(r"role policy_trainer failed: hung: no heartbeat for \d+ s \(launcher.hang_timeout_s=3\) "
+        assert re.search(r"role policy_trainer failed: hung: no heartbeat for \d+ s \((launcher.hang_quiet_factor=3 "
+                         r"x its longest silence in this run, [\d.]+ s, more than )?launcher.hang_timeout_s=3\) "
                          r".*restarting it in 0 s \(1/5\)", out), out
         assert len(role.budget.times) == 1
         assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in frozen)

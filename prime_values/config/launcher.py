@@ -17,7 +17,7 @@ NODES = "null, a node index 0..launcher.nodes-1, or a list of consecutive ones: 
 @dataclass
 class PlacementConfig:
     """`launcher.placement.*` (launcher=slurm): which node of the pipeline's allocation each role runs on, as an index
-    into its node list; null follows the rule of launcher.nodes."""
+    into its node list (0..launcher.nodes-1); null follows the rule of launcher.nodes (launcher=local: null)."""
 
     inference: Any = free(None, ONE_NODE)
     """node of the inference workers (null = node 0)"""
@@ -58,11 +58,23 @@ class LauncherConfig:
     crash loop) waits this long before its next restart, doubled for each further such failure (at most 60 s)"""
     hang_timeout_s: Optional[float] = ranged(1800.0, ("> 0", " (seconds), or null to never take a silent role "
                                                             "for hung"))
-    """a role whose newest heartbeat (or its start, before the first) is older than this is taken for hung (a
-    deadlock, a collective that never returns, a dead mount, a SIGSTOP): it is SIGKILLed with its processes and
+    """a role that came up (it beat since its start) and whose newest heartbeat is older than this is taken for hung
+    (a deadlock, a collective that never returns, a dead mount, a SIGSTOP): it is SIGKILLed with its processes and
     restarted with the cause 'hung: no heartbeat for N s', counted in its restart budget. Roles beat every ~2 s
-    while they poll; one step or evaluation of a big model on a CPU can keep one quiet for minutes: raise it there
-    (null = never)"""
+    while they poll; one step or evaluation of a big model on a CPU can keep one quiet for minutes: raise it there,
+    or let hang_quiet_factor do it. Before its first heartbeat a role is starting: start_timeout_s holds it
+    (null = never, start-up included)"""
+    start_timeout_s: Optional[float] = ranged(1800.0, ("> 0", " (seconds), or null to never take a role that has "
+                                                             "not come up for hung"))
+    """how long a role may take from its start (or restart) to its first heartbeat (an srun step's start, imports,
+    the trainers' rendezvous, loading models, the first held-out evaluation: a minute or more on a loaded machine)
+    before it is taken for hung and restarted ('hung: no heartbeat for N s since its start, before it came up');
+    never less than hang_timeout_s, and off with it (null = never)"""
+    hang_quiet_factor: Optional[float] = ranged(3.0, (">= 1", ", or null to hold every role to hang_timeout_s "
+                                                              "alone"))
+    """a role that has shown a silence of q seconds between two heartbeats in this run (one step or evaluation, on
+    this machine under its present load) is taken for hung only after this many times q, when that is longer than
+    hang_timeout_s: the limit scales with what the machine measured (null = hang_timeout_s alone)"""
     fork_server: bool = True
     """local: fork every role job from one process that has imported torch and transformers already (a restarted
     role is working in about a second instead of paying 5-15 s of imports); false = a fresh Python process each"""
@@ -95,13 +107,15 @@ class LauncherConfig:
     """slurm: nodes of the pipeline's allocation. With 1 every role shares the node; with 2 or more the generation
     side (inference workers, evaluators, orchestrator, and the conductor) runs on node 0 and the trainers on node 1,
     unless launcher.placement.* says otherwise; launcher.cpus, launcher.mem_gb and the GPUs are then asked for on each
-    node (the most any node needs). Every node must hold a role: LauncherConfig.check"""
+    node (the most any node needs). Every node must hold a role: LauncherConfig.check; launcher=local has one
+    node, this machine: keep 1 there"""
     placement: PlacementConfig = field(default_factory=lambda: PlacementConfig())
     """slurm: the node(s) of each role within the pipeline's allocation (launcher.placement.*)"""
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
         if cfg.launcher.name != "slurm":
+            _check_one_machine(cfg.launcher)
             return
         from prime_values.launch.slurm import placement_problem
 
@@ -116,6 +130,20 @@ class LauncherConfig:
         problem = fit_problem(pipeline_request(cfg), cfg.launcher.partition)  # a node can hold the whole pipeline
         if problem:
             raise ConfigError(problem)
+
+
+def _check_one_machine(launcher) -> None:
+    """launcher=local runs every role on this machine: launcher.nodes and launcher.placement.* (SLURM's allocation
+    over nodes) would be ignored, so a value other than their defaults is a mistake."""
+    name = launcher.name
+    if launcher.nodes != 1:
+        raise ConfigError(f"launcher.nodes={launcher.nodes} applies to launcher=slurm only (launcher={name} runs "
+                          "every role on this one machine); set launcher.nodes=1 or use launcher=slurm")
+    for role, placed in (launcher.get("placement") or {}).items():
+        if placed is not None:
+            raise ConfigError(f"launcher.placement.{role}={placed} applies to launcher=slurm only (launcher={name} "
+                              f"runs every role on this one machine); set launcher.placement.{role}=null or use "
+                              "launcher=slurm")
 
 
 def _check_slurm(launcher) -> None:
