@@ -7,11 +7,15 @@ the roles as srun steps under the same supervisor (`_allocation_main`).
 
 Roles never talk to the conductor: it reads what they write (metrics, heartbeats, done markers) and
 asks them to stop through the control file they all poll.
+
+The conductor's console is the live view and the summary: only this project's (and Hydra's) log records of any
+level reach it, other libraries' from WARNING up (`quiet_libraries`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -49,6 +53,27 @@ def prepare(cfg, output_dir: str | None = None) -> tuple[RunDir, object, ZygoteC
         run.stop_file.unlink()  # a rerun in the same directory resumes
     run.register_conductor(watch=cfg.launcher.name == "local")
     return run, cfg, ZygoteClient(run.root) if wants_fork_server(cfg) else None
+
+
+OUR_LOGGERS = ("prime_values", "hydra", "__main__")  # their INFO records reach the console; other libraries' do not
+
+
+class _OursOrWarnings(logging.Filter):
+    """Lets through this project's records (OUR_LOGGERS) and any library's from WARNING up."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.name.split(".")[0] in OUR_LOGGERS
+
+
+def quiet_libraries() -> None:
+    """Keep other libraries' INFO records off the conductor's console (and Hydra's log file): Hydra's job logging
+    hands every logger's INFO to the root logger's handlers, so matplotlib's 'generated new fontManager' (its font
+    cache rebuilt while the report is drawn) would land under the summary, and any library's INFO in the live view.
+    A filter on each root handler lets through OUR_LOGGERS' records and others' from WARNING up; loggers keep their
+    levels (a library's own WARNING and errors still show). Idempotent."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _OursOrWarnings) for f in handler.filters):
+            handler.addFilter(_OursOrWarnings())
 
 
 def _terminate_gracefully(signum, frame):
@@ -133,6 +158,7 @@ def drive(run_dir: str) -> dict:
 def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict:
     """Run the roles of the rl stage from this process until the policy trainer ends; `fork_server`: one already
     starting (prepare), else one is started here when launcher.fork_server asks for it."""
+    quiet_libraries()
     fleet = Supervisor(run, cfg)
     progress = Progress(run, cfg.steps)
     print(f"prime_values: run directory {run.root}", flush=True)
@@ -163,13 +189,7 @@ def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict
     progress.show(final=True)
     summary = summarise(run, status=reason, error=failure)
     sink.close(summary, exit_code=1 if failure and reason != "stopped" else 0)
-    print(format_summary(summary), flush=True)
-    try:
-        where = write_report(run, summary, plots=cfg.log.plots)
-        print(f"report               {where}{' (plots next to it)' if cfg.log.plots else ''}", flush=True)
-    except Exception as error:  # a plotting problem must not turn a finished run into a failed one
-        print(f"prime_values: could not write the plots ({type(error).__name__}: {error}); "
-              f"retry with python -m prime_values.tools.report {run.root}", file=sys.stderr, flush=True)
+    report(run, summary, cfg.log.plots)
     try:
         after_point(run.root)  # inside a multirun: refresh the sweep's one-row-per-point summary
     except Exception as error:
@@ -178,6 +198,19 @@ def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict
         print(f"prime_values: {failure}", file=sys.stderr, flush=True)
         sys.exit(1)
     return summary
+
+
+def report(run: RunDir, summary: dict, plots: bool) -> None:
+    """Print the summary, then write the report (and, with `plots`, draw its plots) and print where it is; a
+    library's INFO records stay off the console meanwhile (`quiet_libraries`)."""
+    quiet_libraries()
+    print(format_summary(summary), flush=True)
+    try:
+        where = write_report(run, summary, plots=plots)
+        print(f"report               {where}{' (plots next to it)' if plots else ''}", flush=True)
+    except Exception as error:  # a plotting problem must not turn a finished run into a failed one
+        print(f"prime_values: could not write the plots ({type(error).__name__}: {error}); "
+              f"retry with python -m prime_values.tools.report {run.root}", file=sys.stderr, flush=True)
 
 
 def wants_fork_server(cfg) -> bool:

@@ -46,7 +46,7 @@ def test_replay_batches_take_ratio_times_new_rollouts_then_wait(ratio, steps_per
     def stopping() -> bool:
         turns["left"] -= 1
         return turns["left"] < 0
-    ctx = SimpleNamespace(cfg=cfg, stopping=stopping, wait=lambda *a: None)
+    ctx = SimpleNamespace(cfg=cfg, stopping=stopping, wait=lambda *a: None, doing=lambda *a, **k: None)
     queue, budget, timers = IngestQueue(64), ReplayRatio(ratio), Timers()
     for row in rows("a", 4):
         queue.put(row)

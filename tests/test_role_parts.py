@@ -417,6 +417,9 @@ def test_policy_trainer_skips_a_batch_it_trained_before_a_restart(tmp_path):
         def wait(self, seconds=0.0):
             pass
 
+        def doing(self, what, **progress):
+            pass
+
     # crashed after publishing version 2 without committing batch 2: the cursor still points at batch 2
     reader = LogReader(tmp_path / "batches", "policy_trainer", tmp_path / "cursors", "batches")
     assert next_rows(reader, Ctx(), 1)[0]["step"] == 1
@@ -613,7 +616,8 @@ def test_critic_batch_sources_publish_on_their_schedule_and_serve_scoring_first(
     cfg = OmegaConf.structured(Config)
     cfg.replay.min_rollouts, cfg.critic.publish_every, cfg.critic.batch_rollouts = 2, 2, 1
     cfg.inference.prompts_per_step, cfg.inference.group_size, cfg.schedule.lockstep_critic_steps = 1, 2, 3
-    ctx = SimpleNamespace(cfg=cfg, stopping=lambda: False, wait=lambda *a: None, seed=lambda *s: 0)
+    ctx = SimpleNamespace(cfg=cfg, stopping=lambda: False, wait=lambda *a: None, seed=lambda *s: 0,
+                          doing=lambda *a, **k: None)
     scored = []
 
     def score() -> bool:  # the colocated evaluator has one scoring batch waiting, then none

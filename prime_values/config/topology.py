@@ -43,6 +43,14 @@ class TopologyConfig:
     """torch CPU threads of each policy trainer process; 0 = as threads_per_role. Where the policy trainer computes
     nearly all the time and the other roles mostly wait (a real model on a few cores: recipes/smollm.md), it may take
     more than an even share"""
+    solo_threads_slowdown: float = ranged(3.0, ">= 0")
+    """the warm start runs alone with every core's thread (launch.solo_threads), but where other processes share the
+    cores one descheduled thread stalls the whole OpenMP team at every barrier; so it times its SFT and critic
+    pretraining steps and tries half the threads for 8 steps after each phase's first 8, and again whenever the
+    median of its recent steps is this many times the reference (the median at that thread count so far), keeping
+    whichever count is faster (below every core it tries more again after 64 steps, after up to 256 while such trials
+    lose; monitor.ThreadTuner). 0 = keep every core's thread; a value near 1 takes noise for a slowdown:
+    TopologyConfig.check wants 0 or at least 1.5"""
     policy_trainer_procs: int = ranged(1, ">= 1")
     """processes of the policy trainer: > 1 trains with torch.distributed + FSDP2, one process per GPU (GPUs
     consecutive from policy_trainer_device: cuda:2 with 2 processes uses cuda:2 and cuda:3; on SLURM the job
@@ -60,6 +68,10 @@ class TopologyConfig:
         if topo.evaluators > 1 and topo.evaluator == "colocated":
             raise ConfigError(f"topology.evaluators={topo.evaluators} needs topology.evaluator=dedicated (a colocated "
                               "evaluator is one scorer inside the value trainer)")
+        if 0 < topo.solo_threads_slowdown < 1.5:
+            raise ConfigError(f"topology.solo_threads_slowdown={topo.solo_threads_slowdown:g} must be 0 (keep every "
+                              "core's thread) or at least 1.5 (a step that many times slower than the first ones; "
+                              "closer to 1, noise would change the threads)")
         if topo.value_trainer_procs > 1 and topo.evaluator == "colocated":
             raise ConfigError(f"topology.value_trainer_procs={topo.value_trainer_procs} needs "
                               "topology.evaluator=dedicated (a colocated evaluator scores inside one process)")

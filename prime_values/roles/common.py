@@ -4,7 +4,8 @@ background threads whose failure ends the role.
 The heartbeat (`state/<role>/heartbeat`) is written from the role's loop (`stopping()`, at most every
 HEARTBEAT_EVERY_S): its first one says the role came up. A role that fails before it (config, imports, loading)
 failed at start-up, which the supervisor treats apart (prime_values.supervisor); one whose heartbeat stops is
-taken for hung after launcher.hang_timeout_s."""
+taken for hung after launcher.hang_timeout_s. Its first line is the time it was written; a second line, once the
+role said what it is doing (`doing`), is that activity as JSON, which the live view shows."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from prime_values.monitor import MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
 
 HEARTBEAT_EVERY_S = 2.0
+ACTIVITY_EVERY_S = 0.5  # a changed activity (`doing`) is written at most this often
 
 
 class BackgroundThreadFailed(RuntimeError):
@@ -37,6 +39,8 @@ class RoleContext:
         self.state = self.run.state(name)
         self.device = job_device(self.cfg.topology[device_key]) if device_key else "cpu"
         self._last_beat = 0.0
+        self._activity: dict = {}  # what the role is doing (`doing`), written with its heartbeat
+        self._activity_written = True
         self._thread_errors: list[tuple[str, BaseException]] = []
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
         self.log = logging.getLogger(f"prime_values.{name}")
@@ -59,9 +63,26 @@ class RoleContext:
 
     def heartbeat(self) -> None:
         now = time.time()
-        if now - self._last_beat >= HEARTBEAT_EVERY_S:
-            write_atomic(self.run.heartbeat_file(self.name), f"{now}\n")
-            self._last_beat = now
+        due = HEARTBEAT_EVERY_S if self._activity_written else ACTIVITY_EVERY_S  # a new activity goes out sooner
+        if now - self._last_beat >= due:
+            activity = f"{json.dumps(self._activity)}\n" if self._activity else ""
+            write_atomic(self.run.heartbeat_file(self.name), f"{now}\n{activity}")
+            self._last_beat, self._activity_written = now, True
+
+    def doing(self, what: str, flush: bool = False, **progress) -> None:
+        """Say what the role is doing now ('waiting for batch 3', 'critic pretraining' with `progress` such as
+        step=12, of=150 and monitor.Pace.fields()), for the live view. It goes out with the heartbeat: when `what`
+        changed, with the next `stopping()` ACTIVITY_EVERY_S after the last beat, else with the next beat; `flush`:
+        at once (what comes next polls nothing for a while: loading, publishing, an evaluation). Before the role
+        came up (its first heartbeat, from `stopping()`) nothing is written: the view shows it starting."""
+        changed = what != self._activity.get("doing")
+        since = time.time() if changed else self._activity.get("since")
+        self._activity = {"doing": what, "since": since, **progress}
+        self._activity_written = not changed and self._activity_written
+        if self._last_beat and (flush or changed):
+            if flush:
+                self._last_beat = 0.0  # due now (heartbeat() sets it again at once: the role stays up)
+            self.heartbeat()
 
     def stopping(self) -> bool:
         """Polled by every loop: the conductor asks roles to stop by writing the control file. A role of a

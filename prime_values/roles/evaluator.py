@@ -113,5 +113,8 @@ def main(run_dir: str, index: int = 0) -> None:
         with timers.time("io"):
             critic.poll()  # adopt a newer critic version between scoring batches
         if not scorer.score_pending(critic.value, critic.version, skipped_versions=len(critic.skipped)):
+            ctx.doing("waiting for rollouts to score", note=f"critic v{critic.version}")
             with timers.time("wait"):
                 ctx.wait()
+        else:
+            ctx.doing("scoring rollouts", note=f"critic v{critic.version}")

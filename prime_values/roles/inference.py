@@ -120,6 +120,8 @@ def generate(ctx: RoleContext, backend, shard: str) -> None:
         step = chunk + 1 - warmup.offset(chunk)  # the policy step this chunk is generated for
         needed = step - 1 - max_off_policy
         if not warmup.free_running and (step > cfg.steps or (latest_version(policy_root) or 0) < needed):
+            ctx.doing("all chunks generated" if step > cfg.steps else f"waiting for policy v{needed}",
+                      note=f"chunk {chunk} is for step {step}")
             paused = time.time()
             ctx.wait()  # paused: ahead of the policy trainer (or done)
             paused_s += time.time() - paused
@@ -130,6 +132,9 @@ def generate(ctx: RoleContext, backend, shard: str) -> None:
         started = time.time()
         rng = random.Random(ctx.seed(chunk))
         problems = prompts.sample(rng, prompts_per_chunk)
+        ctx.doing(f"generating chunk {chunk}" + (" (free-running until the critic warm-up gate opens)"
+                                                 if warmup.free_running else f" for step {step}"),
+                  note=f"policy v{policy.version}", flush=True)  # generating polls nothing until the chunk is out
         with timers.time("compute"):
             rows = generate_rows(task, backend, tokenizer, problems, cfg, ctx.seed(chunk, 1), policy.version,
                                  shard, chunk)

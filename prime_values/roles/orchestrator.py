@@ -415,5 +415,7 @@ def main(run_dir: str) -> None:
                     values.commit(hold=held_positions([*join.values.values(),
                                                        *(v for g in ready for v in g["values"])]))
         else:
+            ctx.doing(f"waiting for the groups of batch {step}" if step <= cfg.steps else "all batches written",
+                      **({"note": f"{len(ready)}/{cfg.inference.prompts_per_step} ready"} if step <= cfg.steps else {}))
             with timers.time("wait"):
                 ctx.wait()

@@ -98,6 +98,7 @@ def next_rows(reader: LogReader, ctx: RoleContext, step: int, timers: Timers | N
     """The rows of batch `step` (None when the run stops). Batches of earlier steps are committed and skipped:
     a trainer restarted after publishing version n but before committing batch n meets batch n again, and its
     update is already in the published weights."""
+    ctx.doing(f"waiting for batch {step}")
     while True:
         segment = next_batch(reader, ctx, timers)
         if segment is None:
@@ -171,6 +172,7 @@ def evaluate(ctx: RoleContext, trainer: Trainer, task, heldout, timers: Timers, 
     in metrics/heldout/step_<n>.jsonl for paired before/after comparisons (bench/paired_heldout.py)."""
     records: list[dict] = []
     began = time.time()
+    ctx.doing(f"held-out evaluation of policy v{step}", flush=True)
     with timers.time("compute"):
         accuracy = greedy_accuracy(full.to(trainer.device).eval(), trainer.tokenizer, task, heldout,
                                    ctx.cfg.inference.max_new_tokens, per_problem=records)
@@ -196,6 +198,7 @@ def main(run_dir: str) -> None:
     waited = time.time()
     for rows, _ in trainer.batches(source):
         step, began = trainer.version + 1, time.time()
+        ctx.doing(f"training step {step}", flush=True)
         with timers.time("compute"):
             for param_group in optimizer.param_groups:
                 param_group["lr"] = policy_lr(cfg.policy, step, cfg.steps)

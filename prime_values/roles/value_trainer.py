@@ -104,6 +104,8 @@ def replay_batches(ctx: RoleContext, queue: IngestQueue, buffer: ReplayBuffer, s
             budget.ingested += 1
         size = min(cfg.critic.batch_rollouts, len(buffer))
         if len(buffer) < cfg.replay.min_rollouts or not budget.allows(size):
+            ctx.doing("waiting for targets", note=f"replay {len(buffer)}/{cfg.replay.min_rollouts} rollouts before "
+                      "the first step" if len(buffer) < cfg.replay.min_rollouts else "replay.ratio: new rollouts")
             with timers.time("wait"):
                 ctx.wait()
             continue
@@ -127,6 +129,7 @@ def lockstep_batches(ctx: RoleContext, queue: IngestQueue, buffer: ReplayBuffer,
             by_version.setdefault(row["policy_version"], []).append(row)
         if not plan:
             if len(by_version.get(version(), ())) < per_batch:
+                ctx.doing(f"waiting for the targets of batch {version() + 1}")
                 with timers.time("wait"):
                     ctx.wait()
                 continue
@@ -178,6 +181,7 @@ def main(run_dir: str) -> None:
     try:
         for steps, (batch, publish_now) in enumerate(trainer.batches(source), 1):
             began = time.time()
+            ctx.doing("training", step=steps, note=f"critic v{trainer.version}")
             with timers.time("compute"):
                 rows, real = dist.share(batch)
                 stats = critic_step(trainer.model, trainer.optimizer, rows, trainer.tokenizer, cfg, trainer.device,

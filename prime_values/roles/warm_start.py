@@ -2,8 +2,10 @@
 problems, publish policy v0, then pretrain the critic on Monte-Carlo returns of v0's own samples and publish
 critic v0.
 
-Runs alone before the RL roles start, so it uses every core. Rerunning it in a run directory that already
-has policy and critic version 0 does nothing (the run resumes from what is published)."""
+Runs alone before the RL roles start, so it uses every core (launch.solo_threads), fewer while the machine is
+shared and fewer are faster (`Phases`, monitor.ThreadTuner, topology.solo_threads_slowdown). What it is doing (the
+phase, the step and its rate, slow steps) goes out with its heartbeat for the live view. Rerunning it in a run
+directory that already has policy and critic version 0 does nothing (the run resumes from what is published)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from prime_values.algo.gae import gae
 from prime_values.critic_io import critic_step, padded
 from prime_values.launch import solo_threads
 from prime_values.log import LogReader, to_rows
+from prime_values.monitor import Pace, ThreadTuner
 from prime_values.roles.common import RoleContext
 from prime_values.roles.inference import env_rows
 from prime_values.rollout import greedy_accuracy, sample_and_score
@@ -27,6 +30,53 @@ from prime_values.supervised import sft_batch, supervised_train, validation_accu
 from prime_values.tasks import make_task
 from prime_values.tasks.pool import training_prompts
 from prime_values.weights import latest_version, publish, version_dir
+
+
+class Phases:
+    """The warm start's phases, one at a time (SFT, the rollouts for the critic, critic pretraining, and one-off
+    ones: a held-out evaluation, publishing): what it is doing, said through the heartbeat (RoleContext.doing) with
+    each step's pace (monitor.Pace: step n/N, rate, slow steps), and its thread count, kept to the fastest while
+    the machine is shared (monitor.ThreadTuner, fed the training steps' durations). `step()` also polls the stop
+    request, as every role's loop does."""
+
+    def __init__(self, ctx: RoleContext):
+        self.ctx = ctx
+        self.tuner = ThreadTuner(solo_threads(), ctx.cfg.topology.solo_threads_slowdown)
+        torch.set_num_threads(self.tuner.threads)
+        self.begin("starting", tune=False)
+
+    def begin(self, what: str, of: int | None = None, unit: str = "step", tune: bool = True) -> None:
+        """A new phase: `of` steps (or rollouts, `unit`) to go; `tune`: its steps' durations choose the threads."""
+        self.what, self.of, self.unit, self.tune, self.note, self.change = what, of, unit, tune, None, None
+        self.pace = Pace()
+        self.tuner.new_phase()  # a trial the last phase ended in is undone: it decided nothing
+        self.show(flush=True)
+
+    def show(self, what: str | None = None, flush: bool = False) -> None:
+        """Say the phase's progress; `what`: something else within it (a validation check: no step under way)."""
+        extra = {} if what is not None else {**({"of": self.of} if self.of else {}), **self.pace.fields()}
+        if self.note:
+            extra["note"] = self.note
+        if self.change:
+            extra["threads_change"] = self.change
+        self.ctx.doing(what or self.what, flush=flush, unit=self.unit, threads=self.tuner.threads, **extra)
+
+    def step(self, step: int, seconds: float, amount: float = 1.0) -> None:
+        """Step `step` of the phase took `seconds` (its own work: no validation check, no logging)."""
+        slow = self.pace.add(seconds, step, amount)
+        if slow:
+            self.ctx.log.warning("%s step %d took %.2f s, %.0fx the median %.3f s of the steps before it: the "
+                                 "machine may be shared", self.what, step, seconds, seconds / slow["median_s"],
+                                 slow["median_s"])
+        change = self.tuner.add(seconds) if self.tune else None
+        if change:
+            self.change = {"text": change, "at": time.time()}
+            self.ctx.log.info("%s, step %d: %s", self.what, step, change)
+            self.ctx.metrics.log(threads=self.tuner.threads, threads_change=change, threads_phase=self.what,
+                                 threads_step=step)
+        self.show()
+        if self.ctx.stopping():
+            raise SystemExit(f"warm start stopped during {self.what} at step {step}: the run was stopped")
 
 
 def evaluate_heldout(ctx: RoleContext, model, tokenizer, task, name: str) -> float:
@@ -42,7 +92,7 @@ def evaluate_heldout(ctx: RoleContext, model, tokenizer, task, name: str) -> flo
     return accuracy
 
 
-def supervised(ctx: RoleContext, model, tokenizer, task) -> float | None:
+def supervised(ctx: RoleContext, model, tokenizer, task, phases: Phases | None = None) -> float | None:
     """SFT until greedy accuracy on a fixed validation sample of *training* problems reaches `target_accuracy`
     (checked every `check_every` steps) or `steps` run out; returns the held-out accuracy it ends at (None
     without SFT steps, or with `heldout_after=false`: the policy trainer's step-0 evaluation measures the same
@@ -53,47 +103,69 @@ def supervised(ctx: RoleContext, model, tokenizer, task) -> float | None:
     RL's on the same problems. Nothing is stopped or selected on a held-out number, so "accuracy at the first RL
     step" is not a number SFT was stopped on."""
     ws, last_val = ctx.cfg.policy.warm_start, {}
+    phases = phases or Phases(ctx)
     if ws.heldout_before:
+        phases.begin("held-out evaluation before SFT", tune=False)
         began = time.time()
         before = evaluate_heldout(ctx, model, tokenizer, task, "before_sft")
         ctx.metrics.log(heldout_accuracy_before_sft=before, heldout_before_sft_s=time.time() - began)
         model.train()
+    clock = {"began": 0.0, "check_s": 0.0, "step": 0}  # a step's own time: from its batch to on_step, less the check
+
+    def batch(step: int):
+        clock["began"], clock["check_s"], clock["step"] = time.perf_counter(), 0.0, step
+        return sft_batch(tokenizer, task, task.sample(rng, ws.batch_size))
+
+    def check() -> float:
+        phases.show(f"SFT validation check after step {clock['step']}", flush=True)
+        began = time.perf_counter()
+        value = accuracy()
+        clock["check_s"] = time.perf_counter() - began
+        return value
 
     def on_step(step: int, metrics: dict, log: bool) -> None:
-        if not log:
-            return
-        last_val.update({"sft_val_accuracy": metrics["val_acc"]} if "val_acc" in metrics else {})
-        ctx.metrics.log(sft_step=step, **metrics, **last_val)
-        if ctx.stopping():
-            raise SystemExit(f"warm start stopped at step {step}: the run was stopped")
+        if "val_acc" in metrics:
+            phases.note = f"validation acc {metrics['val_acc']:.2f} at step {step} (target {target:.2f})"
+        if log:
+            last_val.update({"sft_val_accuracy": metrics["val_acc"]} if "val_acc" in metrics else {})
+            ctx.metrics.log(sft_step=step, **metrics, **last_val, threads=phases.tuner.threads)
+        phases.step(step, time.perf_counter() - clock["began"] - clock["check_s"])
 
     if ws.steps > 0:
         rng = random.Random(f"sft-{ctx.seed()}")
         target = ws.target_accuracy if ws.target_accuracy > 0 else None
         accuracy = validation_accuracy(model, tokenizer, task, ctx.seed(), 200) if target is not None else None
-        supervised_train(model, lambda step: sft_batch(tokenizer, task, task.sample(rng, ws.batch_size)), ws.steps,
-                         lr=ws.lr, warmup_steps=ws.warmup_steps, accuracy=accuracy, target_accuracy=target,
+        phases.begin("SFT", of=ws.steps)
+        supervised_train(model, batch, ws.steps, lr=ws.lr, warmup_steps=ws.warmup_steps,
+                         accuracy=check if target is not None else None, target_accuracy=target,
                          check_every=ws.check_every, log_every=math.gcd(10, ws.check_every), on_step=on_step,
                          pack=ctx.cfg.policy.pack_sequences)
     model.eval()
     if ws.steps == 0 or not ws.heldout_after:
         return None
+    phases.begin("held-out evaluation after SFT", tune=False)
     return evaluate_heldout(ctx, model, tokenizer, task, "after_sft")
 
 
-def sample_for_critic(ctx: RoleContext, policy, tokenizer, task) -> list[dict]:
+def sample_for_critic(ctx: RoleContext, policy, tokenizer, task, phases: Phases | None = None) -> list[dict]:
     """Rollouts of the warm-started policy with their Monte-Carlo value targets (the critic's first data): sampled
     as the inference role samples (``group_size`` per prompt at ``inference.temperature``; a task with episodes,
     task=verifiers, runs them, so multi-turn traces keep their environment tokens at policy_mask 0)."""
     cfg, rows, rng = ctx.cfg, [], random.Random(ctx.seed(2))
     pool = training_prompts(task, cfg.task.train_pool, cfg.task.seed)
     prompts = max(1, cfg.critic.warm_start.rollouts // cfg.inference.group_size)
+    if phases is not None:
+        phases.begin("generating rollouts for critic pretraining", of=prompts * cfg.inference.group_size,
+                     unit="rollouts", tune=False)
     for chunk, begin in enumerate(range(0, prompts, 64)):
+        began = time.perf_counter()
         problems = pool.sample(rng, min(64, prompts - begin))
         rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=cfg.inference.group_size,
                                     max_new_tokens=cfg.inference.max_new_tokens,
                                     temperature=cfg.inference.temperature, seed=ctx.seed(3, chunk))
         rows += env_rows(problems, rollouts, 0, "pretrain", chunk)
+        if phases is not None:
+            phases.step(len(rows), time.perf_counter() - began, amount=len(rollouts))
     return with_mc_returns(ctx, rows)
 
 
@@ -118,21 +190,24 @@ def with_mc_returns(ctx: RoleContext, rows: list[dict]) -> list[dict]:
     return rows
 
 
-def pretrain_critic(ctx: RoleContext, critic, tokenizer, rows: list[dict]) -> None:
+def pretrain_critic(ctx: RoleContext, critic, tokenizer, rows: list[dict], phases: Phases | None = None) -> None:
     cfg = ctx.cfg
+    phases = phases or Phases(ctx)
     critic.train()
     optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr)
     average = WeightAverage(critic.parameters(), cfg.critic.weight_average)  # version 0 is the average too
     rng = random.Random(ctx.seed(4))
     steps = cfg.critic.warm_start.steps
+    phases.begin("critic pretraining", of=steps)
     for step in range(1, steps + 1):
+        began = time.perf_counter()
         stats = critic_step(critic, optimizer, rng.sample(rows, min(cfg.critic.batch_rollouts, len(rows))),
                             tokenizer, cfg, ctx.device)
         average.update()
+        took = time.perf_counter() - began
         if step % 25 == 0 or step == steps:
-            ctx.metrics.log(critic_pretrain_step=step, **stats)
-        if ctx.stopping():
-            raise SystemExit("warm start stopped during critic pretraining: the run was stopped")
+            ctx.metrics.log(critic_pretrain_step=step, **stats, threads=phases.tuner.threads)
+        phases.step(step, took)  # raises SystemExit when the run was stopped
     average.assign()
     critic.eval()
 
@@ -168,7 +243,7 @@ def main(run_dir: str) -> None:
         ctx.log.info("policy and critic already published in %s; nothing to do", ctx.run.root)
         ctx.mark_done()
         return
-    torch.set_num_threads(solo_threads())  # alone on the machine while it runs
+    phases = Phases(ctx)  # alone on the machine while it runs: every core, fewer while fewer are faster
     task = make_task(**cfg.task)
     arch = dict(cfg.policy.arch)
     began = time.time()
@@ -181,22 +256,29 @@ def main(run_dir: str) -> None:
             model = load_policy(cfg.policy.model, ctx.attention)
             ensure_pad_token(tokenizer)  # the sampler pads with it; saved with version 0 for every role
         model = model.to(ctx.device)
-        accuracy = supervised(ctx, model, tokenizer, task)
-        ctx.metrics.log(sft_s=time.time() - began, **({} if accuracy is None else {"heldout_accuracy": accuracy}))
+        accuracy = supervised(ctx, model, tokenizer, task, phases)
+        ctx.metrics.log(sft_s=time.time() - began, threads=phases.tuner.threads,
+                        **({} if accuracy is None else {"heldout_accuracy": accuracy}))
+        phases.begin("publishing policy v0", tune=False)
         publish(policy_root, 0, lambda path: save_model(model, tokenizer, path))
     policy_dir = version_dir(policy_root, 0)
+    phases.begin("loading policy v0 and building the critic", tune=False)
     model = load_policy(policy_dir, ctx.attention).to(ctx.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     critic = initial_critic(cfg, policy_dir, tokenizer, seed=ctx.seed(1), attention=ctx.attention).to(ctx.device)
     if cfg.critic.warm_start.steps > 0 and cfg.resolved.uses_critic:
         began, cpu_began = time.time(), time.process_time()
         from_run = cfg.critic.warm_start.from_run
-        rows = rollouts_of_run(ctx, from_run) if from_run else sample_for_critic(ctx, model, tokenizer, task)
+        if from_run:
+            phases.begin(f"reading the rollouts of {from_run}", tune=False)
+        rows = rollouts_of_run(ctx, from_run) if from_run else sample_for_critic(ctx, model, tokenizer, task, phases)
         # what the critic's warm start cost in generation (0 new tokens when it reuses an earlier run's log):
         # these rollouts are never written to the rollout log (bench/equal_budget.py charges them to the run)
         generated = 0 if from_run else sum(sum(r["policy_mask"]) for r in rows)
         ctx.metrics.log(critic_pretrain_rollouts=len(rows), critic_pretrain_generated_tokens=generated)
-        pretrain_critic(ctx, critic, tokenizer, rows)
-        ctx.metrics.log(critic_pretrain_s=time.time() - began, critic_pretrain_cpu_s=time.process_time() - cpu_began)
+        pretrain_critic(ctx, critic, tokenizer, rows, phases)
+        ctx.metrics.log(critic_pretrain_s=time.time() - began, critic_pretrain_cpu_s=time.process_time() - cpu_began,
+                        threads=phases.tuner.threads, threads_changes=len(phases.tuner.changes))
+    phases.begin("publishing critic v0", tune=False)
     publish(critic_root, 0, lambda path: save_model(critic, tokenizer, path))
     ctx.mark_done()

@@ -13,14 +13,22 @@ Sources (nothing here talks to a role):
   `replay_capacity`, `ingest_dropped`, and in the colocated topology the scorer's `scored`/`states_per_s`/
   `score_s`), evaluator (`scored`, `states_per_s`, `score_s`), inference<w> (`rollouts`, `tokens_per_s`,
   `gen_s`), warm_start (`sft_step`, `critic_pretrain_step`);
-- `state/<role>/heartbeat` (a role beats every ~2 s while it polls) and `state/<role>/done`;
-- `control/restarts.json` ({role job: restarts}, written by the conductor when it schedules a restart) and
-  `control/STOP`.
+- `state/<role>/heartbeat` (a role beats every ~2 s while it polls) and `state/<role>/done`; the heartbeat's
+  second line is what the role is doing (roles.common.RoleContext.doing: 'waiting for batch 3', the warm start's
+  'critic pretraining' with its step, rate, threads and slow steps, monitor.Pace), shown on its line;
+- `jobs/<role>/` (the job was submitted) and `control/restarts.json` ({role job: restarts}, written by the conductor
+  when it schedules a restart) and `control/STOP`.
 
-Role states: `waiting` (no heartbeat yet: not started, or queued), `running` (with `quiet <n>s` when its
-heartbeat is older than a minute: a long step, or hung), `restarting` (the conductor counted a restart the
-role has not heartbeat since), `done` (its done marker), `stopping`/`stopped` (after the stop request).
-Throughputs are rates over each role's recent records (wall clock between records, so waiting counts).
+Role states: `waiting` (not submitted yet: the warm start runs first), `starting` (submitted, no heartbeat yet:
+imports, loading), `running` (with `quiet <n>s` when its heartbeat is older than a minute: a long step, or hung),
+`restarting` (the conductor counted a restart the role has not heartbeat since), `done` (its done marker),
+`stopping`/`stopped` (after the stop request). Throughputs are rates over each role's recent records (wall clock
+between records, so waiting counts).
+
+Slow steps: a role whose heartbeat reports a phase of equal steps (the warm start) gets a `slow:` line when a step
+took monitor.SLOW_FACTOR times the median of the steps before it (for SLOW_SHOW_S after it), or when no step has
+ended for that long (the step under way: its heartbeat says when the last one ended), and a line when it changed its
+thread count (monitor.ThreadTuner).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from collections import deque
 from pathlib import Path
 
 from prime_values.launch.topology import pipeline_roles
-from prime_values.monitor import MetricsTail
+from prime_values.monitor import SLOW_FACTOR, SLOW_MIN_S, MetricsTail
 from prime_values.rundir import RunDir
 
 QUIET_S = 60.0  # a heartbeat older than this is shown ("quiet 75s"): a long step, or a hung role
@@ -43,6 +51,9 @@ PLAIN_EVERY_S = 10.0  # non-terminal output: one line this often
 REDRAW_EVERY_S = 1.0  # terminal: at most one redraw this often
 RATE_POINTS = 20  # rates and the ETA come from (at most) this many recent records of a role
 MAX_WORKER_LINES = 4  # more inference workers than this are summarised on one line
+SLOW_SHOW_S = 30.0  # a slow step (or a change of threads) is shown this long after it
+BEAT_LAG_S = 2.5  # a heartbeat goes out at most every 2 s (roles.common.HEARTBEAT_EVERY_S): its news is this old
+MACHINE_SHARED = "the machine may be shared"
 
 CSI = "\x1b["
 
@@ -77,6 +88,59 @@ def duration(seconds: float | None) -> str:
     if seconds >= 60:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds}s"
+
+
+def _secs(value: float) -> str:
+    return f"{value:.1f}" if value >= 1 else f"{value:.2g}"
+
+
+def activity_text(activity: dict, now: float) -> str:
+    """A role's heartbeat activity in words: 'critic pretraining step 137/150, 0.45 steps/s, 2 threads',
+    'generating rollouts for critic pretraining: 256/1024 rollouts, 41 rollouts/s', 'waiting for batch 3 for 12s'."""
+    what = activity.get("doing") or ""
+    if not what:
+        return ""
+    step, of, unit = activity.get("step"), activity.get("of"), activity.get("unit", "step")
+    units = "steps" if unit == "step" else unit
+    text = what
+    if step is not None:
+        count = f"{step}/{of}" if of else f"{step}"
+        text += f" step {count}" if unit == "step" else f": {count} {unit}"
+    elif of:
+        text += f" ({of} {units})"
+    since = activity.get("since")
+    if since and what.startswith(("waiting", "loading", "starting")) and now - since >= 1:
+        text += f" for {duration(now - since)}"
+    if activity.get("rate"):
+        text += f", {_rate(activity['rate'])} {units}/s"
+    if activity.get("threads"):
+        text += f", {activity['threads']} thread{'s' if activity['threads'] > 1 else ''}"
+    if activity.get("note"):
+        text += f", {activity['note']}"
+    return text
+
+
+def slow_text(activity: dict, now: float) -> list[str]:
+    """The heartbeat's news of a slowdown: a step under way for SLOW_FACTOR times the phase's median (the heartbeat
+    says when the last step ended), else its latest slow step (for SLOW_SHOW_S); and a change of the thread count
+    (monitor.ThreadTuner). No step times in the heartbeat: nothing."""
+    lines = []
+    slow, median, last_at = activity.get("slow"), activity.get("median_s"), activity.get("last_at")
+    step, of = activity.get("step"), activity.get("of")
+    under_way = step is not None and (of is None or step < of) and median and last_at
+    stalled = now - last_at if under_way else 0.0
+    if under_way and stalled > max(SLOW_FACTOR * median, SLOW_MIN_S) + BEAT_LAG_S:
+        unit = activity.get("unit", "step")
+        nothing = f"step {step + 1} running for" if unit == "step" else f"no {unit} for"
+        lines.append(f"slow: {activity.get('doing', '')} {nothing} {duration(stalled)}, median step "
+                     f"{_secs(median)} s — {MACHINE_SHARED}")
+    elif slow and now - slow.get("at", 0.0) <= SLOW_SHOW_S:
+        lines.append(f"slow: {activity.get('doing', '')} step {slow['step']} took {_secs(slow['took_s'])} s, median "
+                     f"{_secs(slow['median_s'])} s — {MACHINE_SHARED}")
+    change = activity.get("threads_change")
+    if change and now - change.get("at", 0.0) <= SLOW_SHOW_S:
+        lines.append(f"threads: {change['text']}")
+    return lines
 
 
 class Rate:
@@ -192,23 +256,36 @@ class LiveView:
                 self.seen_restarts[name] = (count, changed)
         return counts
 
-    def _heartbeat(self, name: str) -> tuple[float, float] | None:
-        """(the time the role wrote into its heartbeat, the file's modification time), None before the first."""
+    def _heartbeat(self, name: str) -> tuple[float, float, dict] | None:
+        """(the time the role wrote into its heartbeat, the file's modification time, the activity on its second
+        line: {} without one), None before the first."""
         path = self.run.heartbeat_file(name)
         try:
             mtime = path.stat().st_mtime
+            text = path.read_text()
         except OSError:
             return None
+        first, _, rest = text.partition("\n")
         try:
-            return float(path.read_text().strip()), mtime
-        except (OSError, ValueError):
-            return mtime, mtime
+            beat = float(first.strip())
+        except ValueError:
+            beat = mtime
+        try:
+            activity = json.loads(rest) if rest.strip() else {}
+        except ValueError:  # a heartbeat of other code
+            activity = {}
+        return beat, mtime, activity if isinstance(activity, dict) else {}
+
+    def activity(self, name: str) -> dict:
+        """What role `name` said it is doing in its newest heartbeat ({} before one, or without one)."""
+        heartbeat = self._heartbeat(name)
+        return heartbeat[2] if heartbeat else {}
 
     def role_state(self, name: str, restarts: dict[str, int], final: bool = False) -> str:
         if self.run.done_file(name).exists():
             return "done"
         heartbeat, now = self._heartbeat(name), self.now()
-        beat, beat_mtime = heartbeat or (None, None)
+        beat, beat_mtime, _ = heartbeat or (None, None, None)
         if self.run.stop_requested() or final:
             if beat is None:
                 return "not started"
@@ -216,7 +293,7 @@ class LiveView:
         if restarts.get(name) and (beat is None or beat_mtime < self.seen_restarts[name][1]):
             return "restarting"
         if beat is None:
-            return "waiting"
+            return "starting" if (self.run.jobs / name).is_dir() else "waiting"
         if now - beat > QUIET_S:
             return f"running (quiet {duration(now - beat)})"
         return "running"
@@ -239,6 +316,9 @@ class LiveView:
         if not policy:
             if self.run.done_file("warm_start").exists() and warm:
                 return f"[{elapsed:6.0f}s] warm start done; waiting for policy step 1/{self.steps}", {}
+            doing = self.activity("warm_start")
+            if doing.get("doing"):  # fresher than its metrics: the step under way, the rate, the threads
+                return f"[{elapsed:6.0f}s] warm start: {activity_text(doing, self.now())}", {}
             if "critic_pretrain_step" in warm:
                 return (f"[{elapsed:6.0f}s] warm start: critic pretraining step {warm['critic_pretrain_step']} "
                         f"explained variance {_num(warm.get('train_explained_variance'))}"), {}
@@ -267,6 +347,24 @@ class LiveView:
         """The headline: step, ETA, reward, held-out accuracy, critic version and EV, off-policy lag, replay."""
         head, parts = self._headline()
         return " | ".join([head] + [text for key, text in parts.items() if key != "rate"])
+
+    def alerts(self, final: bool = False) -> list[str]:
+        """'<role>: slow: ...' for each role whose heartbeat reports a slow step or a change of threads (slow_text);
+        none in the final frame (what was slow is over)."""
+        if final:
+            return []
+        now = self.now()
+        return [f"{name}: {text}" for name in self.roles if not self.run.done_file(name).exists()
+                for text in slow_text(self.activity(name), now)]
+
+    def _doing(self, name: str, state: str) -> str:
+        """What a role does, for its line: its heartbeat's activity while it runs; what a role not submitted yet
+        waits for."""
+        if state == "waiting" and name != "warm_start" and not self.run.done_file("warm_start").exists():
+            return "for the warm start"
+        if not state.startswith("running"):
+            return ""
+        return activity_text(self.activity(name), self.now())
 
     def _throughput(self, name: str) -> str:
         r = lambda key: self._rate(key).per_s()  # noqa: E731
@@ -303,10 +401,12 @@ class LiveView:
                              f"{_rate(rollouts)} rollouts/s  {_rate(tokens)} tokens/s")
                 continue
             state = self.role_state(name, restarts, final)
-            rates = self._throughput(name) if state not in ("waiting", "not started") else ""
+            rates = self._throughput(name) if state not in ("waiting", "starting", "not started") else ""
+            doing = self._doing(name, state)
             if restarts.get(name):
                 state += f" [{restarts[name]} restart{'s' if restarts[name] > 1 else ''}]"
-            lines.append(f"  {name:<16}{state:<23} {rates}".rstrip())
+            text = "  ".join(part for part in (doing, rates) if part)
+            lines.append(f"  {name:<16}{state:<23} {text}".rstrip())
         return lines
 
     def lines(self, final: bool = False) -> list[str]:
@@ -328,7 +428,8 @@ class LiveView:
             second.append(f"replay {critic['replay_size']}{capacity} rollouts, ingest dropped "
                           f"{critic.get('ingest_dropped', 0)}")
         figures = pack(second, width - 2) if parts else []
-        return top + ["  " + text for text in figures] + [text[:width] for text in self.role_lines(final)]
+        alerts = [f"  ! {text}"[:width] for text in self.alerts(final)]
+        return top + ["  " + text for text in figures] + alerts + [text[:width] for text in self.role_lines(final)]
 
     def columns(self) -> int:
         """The terminal's width less one: a line that wraps would break the cursor movement."""
@@ -351,7 +452,13 @@ class LiveView:
             rates.append(f"{_rate(states)} states/s")
         if r("value_trainer.steps"):
             rates.append(f"{_rate(r('value_trainer.steps'))} critic steps/s")
-        return " | ".join([text] + ([", ".join(rates)] if rates else []) + ([", ".join(odd)] if odd else []))
+        doing = []  # until the first policy step: what each role that came up is waiting for or loading
+        if not self.last("policy_trainer") and not final:
+            now = self.now()
+            doing = [f"{n}: {activity_text(a, now)}" for n in self.roles if n != "warm_start"
+                     and (a := self.activity(n)).get("doing") and not self.run.done_file(n).exists()]
+        return " | ".join([text] + ([", ".join(rates)] if rates else []) + ([", ".join(odd)] if odd else [])
+                          + doing + self.alerts(final))
 
     def show(self, final: bool = False) -> None:
         now = time.time()

@@ -11,6 +11,7 @@ One figure per question a researcher asks of an RL run:
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from prime_values.monitor import read_metrics
@@ -43,6 +44,7 @@ def plot_run(run: RunDir | str | Path) -> list[Path]:
     """Write the PNGs into `<run>/report/` and return their paths."""
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its INFO ('generated new fontManager') is no news
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
