@@ -24,7 +24,7 @@ def test_cfg_job_prints_the_composed_config():
     result = cli("+experiment=arith", "policy.lr=3e-4", "topology=colocated", "--cfg", "job")
     assert result.returncode == 0, result.stderr
     for line in ("  lr: 0.0003", "  evaluator: colocated", "  group_size: 2", "  prompts_per_step: 64", "  min_digits: 1", "  estimator: gae",
-                 "steps: 100"):
+                 "steps: 200"):
         assert line in result.stdout.splitlines(), line
 
 
