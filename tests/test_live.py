@@ -343,21 +343,9 @@ def test_a_slow_step_is_said_with_its_time_and_the_median(tmp_path):
 def test_the_heartbeat_carries_what_the_role_says_it_is_doing(tmp_path):
     """RoleContext.doing -> state/<role>/heartbeat -> the live view: nothing before the role came up (its first
     heartbeat: a failure before it stays a start-up failure), then the activity on the heartbeat's second line."""
-    from omegaconf import OmegaConf
+    from role_context import bare_role_context
 
-    from prime_values.config import Config
-    from prime_values.roles.common import RoleContext
-
-    run = RunDir(tmp_path)
-    run.mkdirs()
-    OmegaConf.save(OmegaConf.structured(Config), run.config)
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        ctx = RoleContext(tmp_path, "policy_trainer")
-    finally:
-        torch.set_num_threads(threads)
+    run, ctx = RunDir(tmp_path), bare_role_context(tmp_path, "policy_trainer")
     ctx.doing("loading policy v0")
     assert not run.heartbeat_file("policy_trainer").exists()  # not up yet
     assert ctx.stopping() is False

@@ -341,21 +341,11 @@ def _failing_thread() -> None:
 
 
 def test_a_failed_background_thread_ends_the_role_with_its_error(tmp_path):
-    from omegaconf import OmegaConf
+    from role_context import bare_role_context
 
-    from prime_values.config import Config
-    from prime_values.roles.common import BackgroundThreadFailed, RoleContext
+    from prime_values.roles.common import BackgroundThreadFailed
 
-    run = RunDir(tmp_path)
-    run.mkdirs()
-    OmegaConf.save(OmegaConf.structured(Config), run.config)
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        ctx = RoleContext(tmp_path, "value_trainer")
-    finally:
-        torch.set_num_threads(threads)
+    run, ctx = RunDir(tmp_path), bare_role_context(tmp_path, "value_trainer")
     assert not run.heartbeat_file("value_trainer").exists()  # not up before its loop runs
     assert ctx.stopping() is False and run.heartbeat_file("value_trainer").exists()
     ctx.start_thread(_failing_thread).join()
