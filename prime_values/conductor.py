@@ -65,15 +65,19 @@ class _OursOrWarnings(logging.Filter):
         return record.levelno >= logging.WARNING or record.name.split(".")[0] in OUR_LOGGERS
 
 
-def quiet_libraries() -> None:
+def quiet_libraries() -> list[tuple[logging.Handler, logging.Filter]]:
     """Keep other libraries' INFO records off the conductor's console (and Hydra's log file): Hydra's job logging
     hands every logger's INFO to the root logger's handlers, so matplotlib's 'generated new fontManager' (its font
     cache rebuilt while the report is drawn) would land under the summary, and any library's INFO in the live view.
     A filter on each root handler lets through OUR_LOGGERS' records and others' from WARNING up; loggers keep their
-    levels (a library's own WARNING and errors still show). Idempotent."""
+    levels (a library's own WARNING and errors still show). Idempotent; returns the (handler, filter) pairs it
+    added, for a caller in a longer-lived process (a test) to remove."""
+    added = []
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, _OursOrWarnings) for f in handler.filters):
-            handler.addFilter(_OursOrWarnings())
+            added.append((handler, _OursOrWarnings()))
+            handler.addFilter(added[-1][1])
+    return added
 
 
 def _terminate_gracefully(signum, frame):

@@ -8,12 +8,16 @@
   OpenMP team stalls at every barrier for a descheduled thread: the math test's 60-step SFT took 8-45 s with 2
   threads on a loaded 2-core machine and 2.6-2.8 s with 1. The variable reaches every job the tests start (jobs
   that run alone read it: prime_values.launch.solo_threads; roles use topology.threads_per_role).
+- A test that runs the conductor's `quiet_libraries` in the pytest process (its filter on every root log handler,
+  pytest's capture handlers included) would hide other loggers' INFO records from every later test of that
+  worker (`caplog`): the filter is taken off after each test.
 - Under CI=true a skipped test is a failure (the install or the machine is broken, and green would hide it); the
   reason is kept in the report. Expected failures are not skips: `xfail` stays (strict, setup.cfg).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 
@@ -64,3 +68,13 @@ def pytest_make_collect_report(collector):
     report = outcome.get_result()
     if CI and report.skipped:
         _fail_skip(report, collector.nodeid)
+
+
+@pytest.fixture(autouse=True)
+def _no_library_log_filter_left_behind():
+    yield
+    # at teardown pytest's capture handlers are on the root logger again: the ones a filter may have been added to
+    for handler in logging.getLogger().handlers:
+        for f in list(handler.filters):
+            if type(f).__name__ == "_OursOrWarnings":  # prime_values.conductor.quiet_libraries
+                handler.removeFilter(f)

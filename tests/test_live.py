@@ -519,15 +519,18 @@ def test_library_info_records_stay_off_the_console_ours_and_warnings_do_not(caps
     saved = root.level
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    added = []
     try:
-        quiet_libraries()
-        quiet_libraries()  # idempotent: one filter per handler
+        added = quiet_libraries()
+        assert not quiet_libraries()  # idempotent: one filter per handler
         assert len(handler.filters) == 1
         logging.getLogger("somelib.cache").info("built a cache")
         logging.getLogger("somelib").warning("a library's warning")
         logging.getLogger("prime_values.conductor").info("our own news")
         logging.getLogger("hydra.launcher").info("Launching 2 jobs locally")
-    finally:
+    finally:  # pytest's own handlers got the filter too: later tests of this process must see every record
+        for h, f in added:
+            h.removeFilter(f)
         root.removeHandler(handler)
         root.setLevel(saved)
     out = capsys.readouterr().out
