@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from prime_values.models.build import AVX2_KERNELS
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "bench" / "records" / "readme"
 OLD = ["steps=300", "eval_every=50", "policy.warm_start.target_accuracy=0.5", "critic.warm_start.steps=300",
@@ -36,17 +38,15 @@ OLD = ["steps=300", "eval_every=50", "policy.warm_start.target_accuracy=0.5", "c
        "critic.pack_sequences=false"]  # the defaults before the replay ratio (bench/records/readme/old)
 
 
-AVX2_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 KERNELS = {"native": {}, "avx2": AVX2_KERNELS}  # environment each kernel variant's runs start with
 PROMISE = 0.25  # the README's promise: each run gains at least this much held-out accuracy
 
 
 def machine(env: dict[str, str]) -> dict:
     """Where and with what a record was made: commit, date, CPU model and vector flags, torch's kernels."""
-    from prime_values.models.build import cpu_flags
+    from prime_values.models.build import cpu_flags, cpu_model
 
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown")
+    model = cpu_model()
     probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
     kernels = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout.strip()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)

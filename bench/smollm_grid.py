@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 from bench import paired_heldout, run_figures  # noqa: E402
 from bench.budget_stats import paired_bootstrap  # noqa: E402
 from bench.task_headroom import commit  # noqa: E402
-from prime_values.models.build import cpu_bf16_native  # noqa: E402
+from prime_values.models.build import AVX2_KERNELS, cpu_bf16_native, cpu_model  # noqa: E402
 
 CELLS = {
     "gae_g1": ["advantage=gae"],
@@ -66,15 +66,7 @@ CELLS = {
     "grpo_g2": ["advantage=grpo", "inference.group_size=2", "inference.prompts_per_step=16"],
     "mean_g1_avx2": ["advantage=batch_mean"],
 }
-AVX2_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 CELL_ENV = {"mean_g1_avx2": AVX2_KERNELS}  # environment a cell's run starts with, beside the overrides
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def heldout_files(run: Path) -> dict[int, Path]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import platform
 import shutil
 import subprocess
 import sys
@@ -26,15 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_helpers import CHECKPOINT, REPO, VERSION0, make_version0  # noqa: E402
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def main() -> int:
-    from prime_values.models.build import cpu_flags
+    from prime_values.models.build import cpu_flags, cpu_model
 
     with tempfile.TemporaryDirectory(prefix="pv-version0-") as tmp:
         accuracy = make_version0(Path(tmp))

@@ -81,6 +81,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "bf16-mixed": to
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of a CPU with bf16 multiply instructions
 
 
+AVX2_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+"""the environment that holds torch, MKL and oneDNN to AVX2 kernels in a process started with it: how an AVX2-only
+machine rounds, on a newer CPU (bench/readme_run.py, bench/smollm_grid.py)"""
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name from `cpuinfo` ('unknown' where it cannot be read), for stamping records."""
+    try:
+        lines = Path(cpuinfo).read_text().splitlines()
+    except OSError:
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "unknown")
+
+
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
     """The CPU's feature flags from `cpuinfo` (None where it cannot be read)."""
     try:
