@@ -3,7 +3,8 @@ start's SFT (roles/warm_start.py) and the `sft` stage (stages/sft.py), stepping 
 (`trainer.optimizer_step`; docs/design.md §1).
 
 Token layout: ``prompt_ids = tokenizer.encode(problem.prompt)`` (no special tokens), response =
-``tokenizer.encode(task.solution(problem)) + [eos]``; sequences are right-padded for training.
+``tokenizer.encode(task.solution(problem)) + [eos]`` (a multi-turn task: every turn of its demonstration, each policy
+turn followed by eos); sequences are right-padded for training.
 """
 
 from __future__ import annotations
@@ -19,23 +20,39 @@ from prime_values.rollout import greedy_accuracy
 from prime_values.trainer import optimizer_step
 
 
+def demonstration(task, problem) -> list[tuple[str, bool]]:
+    """What the policy is taught to say after ``problem.prompt``: (text, is_policy) segments. A multi-turn task
+    (``task.demonstration``: task=guess) plays a whole episode, the environment's replies between the policy's
+    turns; every other task answers once, ``task.solution(problem)``."""
+    if hasattr(task, "demonstration"):
+        return task.demonstration(problem)
+    return [(task.solution(problem), True)]
+
+
 def sft_batch(tokenizer, task, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (-100 except on solution+eos)."""
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels``: -100 except on the policy's turns, each turn's
+    text + eos (a single-reply task: solution + eos); the environment's replies of a multi-turn demonstration are
+    context, never labels, as they are policy_mask 0 in RL."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    seqs, n_prompt = [], []
+    seqs, labelled = [], []
     for p in problems:
-        pi = tokenizer.encode(p.prompt, add_special_tokens=False)
-        ri = tokenizer.encode(task.solution(p), add_special_tokens=False) + [eos]
-        seqs.append(pi + ri)
-        n_prompt.append(len(pi))
+        seq = tokenizer.encode(p.prompt, add_special_tokens=False)
+        learn = [False] * len(seq)
+        for text, is_policy in demonstration(task, p):
+            part = tokenizer.encode(text, add_special_tokens=False) + ([eos] if is_policy else [])
+            seq += part
+            learn += [is_policy] * len(part)
+        seqs.append(seq)
+        labelled.append(learn)
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
     labels = torch.full_like(ids, -100)
-    for i, (s, k) in enumerate(zip(seqs, n_prompt)):
+    for i, (s, learn) in enumerate(zip(seqs, labelled)):
         ids[i, :len(s)] = torch.tensor(s)
         mask[i, :len(s)] = 1
-        labels[i, k:len(s)] = ids[i, k:len(s)]
+        keep = torch.tensor(learn, dtype=torch.bool)
+        labels[i, :len(s)] = torch.where(keep, ids[i, :len(s)], torch.tensor(-100))
     return ids, mask, labels
 
 

@@ -27,6 +27,9 @@ import logging
 
 BACKENDS = ("hf", "vllm", "auto")
 
+TURN_TASKS = ("verifiers", "guess")
+"""the tasks that drive their own turns (`task.rollout`) through the transformers model: hf only"""
+
 INSTALL_HINT = {
     "vllm": "inference=vllm needs vLLM, which is not installed: pip install 'prime_values[vllm]' (pip install -e "
             "'.[vllm]' in a checkout; on a CPU-only machine see docs/inference.md)",
@@ -51,9 +54,9 @@ def missing(name: str) -> str | None:
 def choose(cfg, try_import: bool = True) -> tuple[str, str]:
     """inference.backend=auto: ('vllm' or 'hf', why). vLLM when it is installed and, with `try_import`, really
     imports (a wheel built for another torch or CUDA is installed but raises); the transformers backend otherwise,
-    and always for task=verifiers (its episodes drive the transformers model)."""
-    if cfg.task.name == "verifiers":
-        return "hf", "task=verifiers rolls out its episodes through the transformers model"
+    and always for a task that drives its own turns (TURN_TASKS: its episodes drive the transformers model)."""
+    if cfg.task.name in TURN_TASKS:
+        return "hf", f"task={cfg.task.name} rolls out its episodes through the transformers model"
     if not installed("vllm"):
         return "hf", "vLLM is not installed (pip install 'prime_values[vllm]' to use it)"
     if try_import:

@@ -6,6 +6,7 @@ import inspect
 from typing import Callable
 
 from .arith import ArithTask, Problem
+from .guess import GuessTask
 from .math import MathTask
 from .reasoning_gym import ReasoningGymTask
 from .reverse_text import ReverseTextTask
@@ -28,6 +29,7 @@ def _verifiers_task(**kwargs):
 
 TASKS: dict[str, Callable[..., object]] = {
     "arith": ArithTask,
+    "guess": GuessTask,
     "reverse_text": ReverseTextTask,
     "math": MathTask,
     "reasoning_gym": _reasoning_gym_task,
@@ -48,4 +50,4 @@ def make_task(name: str, **kwargs):
     return factory(**kwargs)
 
 
-__all__ = ["ArithTask", "MathTask", "Problem", "ReverseTextTask", "TASKS", "make_task"]
+__all__ = ["ArithTask", "GuessTask", "MathTask", "Problem", "ReverseTextTask", "TASKS", "make_task"]
