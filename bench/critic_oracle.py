@@ -16,6 +16,12 @@ side by side on the same rollouts:
 
 Both default to the newest versions of the run. Values are compared with gamma = 1 Monte-Carlo returns (the
 reward of the rollout at every state), as the orchestrator's critic-health figure does.
+
+For a task that plays games (task=guess: ``task.continuations``) no exact oracle is at hand: V*(s_t) is estimated
+by playing ``--samples`` K games on from every policy state with the same policy and temperature, their mean
+reward (a binomial mean: its own variance p(1 - p) / K makes the oracle's EV a slight underestimate). Positions are
+then policy tokens counted from the first guess; the "critic against the oracle" line is
+1 - Var(V* - V) / Var(V*), how much of the oracle's own variation the critic reproduces.
 """
 
 from __future__ import annotations
@@ -81,6 +87,24 @@ def rollout_oracle_values(policy, tokenizer, problems, rollouts, temperature: fl
     return out
 
 
+def mc_oracle_values(policy, tokenizer, task, problems, rollouts, samples: int, max_new_tokens: int,
+                     temperature: float, seed: int) -> list[list[float]]:
+    """V*(s_j) estimated at every policy token j of every rollout: the mean reward of ``samples`` games played on
+    from the state before token j (``task.continuations``, all states in one batched play)."""
+    starts, where = [], []
+    for b, r in enumerate(rollouts):
+        for j, m in enumerate(r.policy_mask):
+            if m:
+                starts.append((problems[r.prompt_index], list(r.token_ids[:j]), list(r.policy_mask[:j])))
+                where.append(b)
+    games = task.continuations(policy, tokenizer, starts, samples, max_new_tokens, temperature, seed,
+                               batch_size=1024)
+    out: list[list[float]] = [[] for _ in rollouts]
+    for b, played in zip(where, games):
+        out[b].append(sum(g.reward for g in played) / len(played))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a run directory (config.yaml, weights/)")
@@ -90,11 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=None, help="samples per prompt (default: inference.group_size)")
     parser.add_argument("--temperature", type=float, default=None, help="default: inference.temperature")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--samples", type=int, default=16,
+                        help="games played on from each state for the Monte-Carlo oracle (task=guess)")
     args = parser.parse_args(argv)
     cfg = load_saved(args.run / "config.yaml")
-    if cfg.task.name != "arith":
-        print(f"critic_oracle: task {cfg.task.name!r} has no exact oracle here; only arith (exact match with one "
-              "reference) does", file=sys.stderr)
+    mc = cfg.task.name == "guess"
+    if cfg.task.name != "arith" and not mc:
+        print(f"critic_oracle: task {cfg.task.name!r} has no oracle here; arith (exact match with one reference: "
+              "exact) and guess (games played on: Monte-Carlo) do", file=sys.stderr)
         return 2
     weights = args.run / "weights"
     version = latest_version(weights / "policy") if args.version is None else args.version
@@ -119,12 +146,20 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         inputs = CriticInputs.of(rows, tokenizer, cfg.critic)
         critic_v = inputs.values(critic, cfg.critic.loss)
+    if mc:
+        all_values = mc_oracle_values(policy, tokenizer, task, problems, rollouts, args.samples,
+                                      cfg.inference.max_new_tokens, temperature, args.seed + 1)
+    else:
+        all_values = rollout_oracle_values(policy, tokenizer, problems, rollouts, temperature)
     oracle, learnt, returns, position = [], [], [], []
-    for b, (r, values) in enumerate(zip(rollouts, rollout_oracle_values(policy, tokenizer, problems, rollouts,
-                                                                        temperature))):
+    for b, (r, values) in enumerate(zip(rollouts, all_values)):
         k = r.policy_mask.index(1)
+        if mc:  # policy tokens only: the environment's replies are no state the policy acts in
+            at = [j for j, m in enumerate(r.policy_mask) if m]
+            learnt += critic_v[b, at].tolist()
+        else:
+            learnt += critic_v[b, k:len(r.token_ids)].tolist()
         oracle += values
-        learnt += critic_v[b, k:len(r.token_ids)].tolist()
         returns += [r.reward] * len(values)
         position += range(len(values))
     oracle, learnt, returns, position = map(torch.tensor, (oracle, learnt, returns, position))
@@ -132,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     o, c = explained_variance(oracle, returns, everywhere), explained_variance(learnt, returns, everywhere)
     print(f"run {args.run}: policy v{version}, critic v{critic_version}, {len(rollouts)} fresh rollouts "
           f"({args.prompts} prompts x {group}, T={temperature}), {len(returns)} states, reward {returns.mean():.3f}")
-    print(f"explained variance  oracle {o:.3f}  critic {c:.3f}  critic / oracle {c / o:.2f}")
+    print(f"explained variance  oracle {o:.3f}  critic {c:.3f}  critic / oracle {c / o:.2f}"
+          + (f"  ({args.samples} games per state)" if mc else ""))
+    print(f"critic against the oracle: 1 - Var(V* - V) / Var(V*) = {explained_variance(learnt, oracle, everywhere):.3f}")
     for j in range(int(position.max()) + 1):
         at = position == j
         if int(at.sum()) >= 20:  # explained_variance is nan where every return at j is the same

@@ -93,8 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     ks = sorted({1, args.samples, *(k for k in (4,) if k < args.samples)})
     result = measure(run, policy, args.samples, ks)
     result["pass_minus_greedy"] = result[f"pass@{args.samples}"] - result["greedy_accuracy"]
+    from prime_values.models.build import cpu_flags, cpu_model
+
     record = {"experiment": args.experiment, "warm_seed": args.warm_seed, "overrides": args.overrides, **result,
-              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit(),
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit(), "cpu": cpu_model(),
+              "cpu_flags": sorted(f for f in (cpu_flags() or ()) if f.startswith(("avx", "amx"))),
               "command": "python bench/task_headroom.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     print(json.dumps(record, indent=1))
     if args.record:

@@ -129,3 +129,44 @@ def test_rollouts_replay_exactly_and_mask_the_environment(feedback):
             assert r.reward == float(game.found)
             assert all(lp == 0.0 for lp, m in zip(r.logprobs, r.policy_mask) if not m)
             assert all(lp <= 0.0 for lp, m in zip(r.logprobs, r.policy_mask) if m)
+
+
+def _replay(task, tok, problem, rollout):
+    """The game a rollout's tokens play, replayed from its policy turns; asserts the replies in between match."""
+    parts = _segments(rollout)
+    game = Game(problem.meta["n"], problem.meta["secret"], task.feedback)
+    policy_turns = [ids for ids, policy in parts if policy]
+    replies = [tok.decode(ids) for ids, policy in parts[1:] if not policy]
+    for k, ids in enumerate(policy_turns):
+        ended = ids[-1] == tok.eos_token_id
+        reply = game.play(tok.decode(ids[:-1]) if ended else None)
+        if k < len(replies):
+            assert replies[k] == reply
+    assert rollout.reward == float(game.found)
+    return game
+
+
+def test_continuations_play_on_from_a_state_mid_game_and_mid_turn():
+    tok = build_char_tokenizer()
+    task = GuessTask(min_number=8, max_number=12, max_turns=3, feedback="direction")
+    model = build_tiny_policy(tok, seed=0).eval()
+    problem = task.make_problem(10, 7)
+    eos = tok.eos_token_id
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    after_one_turn = (enc("1-10?") + enc("5") + [eos] + enc(">"), [0] * 5 + [1, 1] + [0])
+    mid_turn = (enc("1-10?") + enc("7"), [0] * 5 + [1])
+    out = task.continuations(model, tok, [(problem, *after_one_turn), (problem, *mid_turn)], num_samples=4,
+                             max_new_tokens=3, temperature=1.0, seed=0)
+    assert [len(o) for o in out] == [4, 4]
+    for (ids, mask), games in zip([after_one_turn, mid_turn], out):
+        for r in games:
+            assert r.token_ids[:len(ids)] == ids and r.policy_mask[:len(mask)] == mask
+            assert len(r.token_ids) == len(r.policy_mask) == len(r.logprobs)
+            game = _replay(task, tok, problem, r)
+            assert game.turns == r.turns <= 3
+    # mid-turn: the first turn goes on from '7' with at most 2 more tokens: '7' + eos wins at once
+    for r in out[1]:
+        first = r.token_ids[5:r.policy_mask.index(0, 5) if 0 in r.policy_mask[5:] else len(r.token_ids)]
+        assert first[0] == enc("7")[0] and len(first) <= 3
+    with pytest.raises(ValueError, match="not before a policy token"):
+        task.continuations(model, tok, [(problem, enc("1-10?") + enc("7") + [eos], [0] * 5 + [1, 1])], 1, 3, 1.0, 0)
