@@ -50,11 +50,24 @@ rounding; so a built base is also kept, `<records>/ckpt<C>-<sha>/base`: its vers
 config and summary, ~25 MB, committed. Where `<out>` has no base of checkpoint C and the records keep one, it is
 copied in instead of rebuilt: every machine then continues the same checkpoint.)
 
-Beside the table, every cell is compared with the reference paired by (checkpoint, RL seed), with 95% bootstrap
-intervals of the mean paired difference (bench/budget_stats.py): final accuracy, mean accuracy over the tokens both
-runs generated, tokens to four thresholds from below the reference's plateau to it (crossings interpolated between
-evaluations), and wall and CPU seconds to the last threshold (`eval_costs` of the records, the critic's warm start
-included; older records lack them).
+Every record is stamped (`stamp`): the commit that recorded it (and `commit_dirty`), the date its run ended, the
+CPU model and flags, beside the checkpoint sha; the report names records without them "unstamped" (records made
+before the stamps), never guesses, and says whether each checkpoint's base is kept.
+
+Beside the table, every cell is compared with the reference paired by (checkpoint, RL seed) under the critic study
+protocol (docs/benchmarks.md; bench/budget_stats.py), each difference the mean of the pairs with its 95% Student-t
+interval: the endpoint (the mean of the last 5 held-out evaluations) with its verdict at ±0.02 (equivalent, better,
+worse or inconclusive), the SD of its pairs and the seeds that SD needs; the final accuracy; the mean accuracy over
+tokens 0..X (the area under the accuracy-vs-tokens curve, X common to the table, every warm start charged: the
+curve starts at 0 tokens at the start accuracy) with its verdict; tokens to four thresholds from below the
+reference's endpoint to it (crossings interpolated between evaluations) and CPU seconds to the last (`eval_costs` of
+the records, the critic's warm start included; older records lack them). Then the contrasts the docs read (gae_g1
+against plain_g1 and mean_g1, gae at G = 2 against grpo at G = 2, gae_g1 against grpo_g2) and the A/A pair where a
+grid has one (tether_g1 and gae_g1: tether at G = 1 is gae), whose true difference is 0.
+
+`--restate` prints every committed grid under the protocol from the records alone (bench/records/arith,
+arith_work, arith_chain, and the SmolLM2 grid through bench/smollm_grid.py's report), with `--out` also
+`<out>/restated.md`: `python bench/equal_budget.py --restate`.
 
 Writes `<out>/equal_budget.md` (per checkpoint the table and the goals; with several checkpoints, then the same
 over the cells run on every checkpoint, each run against its own checkpoint's target), `equal_budget.json` (per
@@ -82,7 +95,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from budget_stats import paired_table  # noqa: E402
+from budget_stats import MARGIN, paired_table  # noqa: E402
 
 from prime_values.monitor import read_metrics  # noqa: E402
 
@@ -205,6 +218,34 @@ def grid_key(args) -> dict:
             "smoke": bool(args.smoke)}
 
 
+STAMPS = ("commit", "date", "cpu", "cpu_flags", "checkpoint_sha")  # what every record of the protocol carries
+
+
+def stamp() -> dict:
+    """The stamps of a record made now: the commit of the code that records it (with `commit_dirty` where the tree
+    had uncommitted changes), and the CPU it runs on, model and flags (a run is recorded by the invocation that ran
+    it, on its machine; a run found finished in <out> is recorded at this invocation's commit). The record's `date`
+    is its run's own (read_run)."""
+    from prime_values.models.build import cpu_flags, cpu_model
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    flags = cpu_flags()
+    return {"commit": git("rev-parse", "--short=12", "HEAD") or "unknown",
+            "commit_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "cpu": cpu_model(), "cpu_flags": sorted(flags) if flags is not None else None}
+
+
+def unstamped(runs: list[dict]) -> dict[str, int]:
+    """Per stamp of STAMPS, how many of `runs` lack it (records made before the protocol carry no commit, date or
+    CPU): named in the report, never guessed."""
+    return {k: n for k in STAMPS if (n := sum(not r.get(k) for r in runs))}
+
+
 def record_path(records: Path, ckpt: int, sha: str, cell: str, seed: int) -> Path:
     return records / f"ckpt{ckpt}-{sha}" / cell / f"seed{seed}.json"
 
@@ -243,7 +284,7 @@ def write_record(records: Path, key: dict, run: Path, out: Path, ckpt: int, sha:
     rec = read_run(run, out / f"ckpt{ckpt}" / "base", ckpt)
     if rec is None or rec["status"] != "finished":
         return None
-    rec.update(run=str(run.relative_to(out)), grid=key, checkpoint_sha=sha, ckpt=f"{ckpt}-{sha}")
+    rec.update(run=str(run.relative_to(out)), grid=key, checkpoint_sha=sha, ckpt=f"{ckpt}-{sha}", **stamp())
     path = record_path(records, ckpt, sha, rec["cell"], rec["seed"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -479,6 +520,7 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
         "run": str(run), "cell": run.parent.name, "kind": kind,  # the cell is the sweep directory's name
         "group_size": cfg.inference.group_size, "prompts_per_step": cfg.inference.prompts_per_step,
         "ckpt": ckpt, "seed": cfg.seed, "steps": trained[-1]["step"], "status": summary.get("status"),
+        "date": datetime.fromtimestamp(max(times), timezone.utc).strftime("%Y-%m-%d") if times else None,
         "curve": [(s, a, tokens_before[s]) for s, a in evals],  # (step, held-out accuracy, tokens behind it)
         "start_accuracy": evals[0][1], "final_accuracy": evals[-1][1],
         "tokens_final": tokens_before[trained[-1]["step"]],
@@ -697,14 +739,131 @@ def sync_records(out: Path, records: Path, key: dict) -> None:
                 write_record(records, key, run, out, ckpt, sha)
 
 
-def paired_section(runs: list[dict]) -> list[str]:
-    """Every cell against the reference cell, paired by (checkpoint, RL seed) (bench/budget_stats.py)."""
+# contrasts the docs read, (cell, other, what it asks), where a grid has both cells
+CONTRASTS = (("gae_g1", "plain_g1", "the privileged answer"), ("gae_g1", "mean_g1", "a critic or a batch mean"),
+             ("gae_g2", "grpo_g2", "a critic or the group mean, at G = 2"),
+             ("gae_g1", "grpo_g2", "the best G of each"))
+
+
+def aa_pairs(cells: set[str]) -> list[tuple[str, str, str]]:
+    """Cells that are one configuration under two names, (cell, other, label): tether at G = 1 is gae (a group of one
+    has no mean to blend with, docs/value_functions.md), with the same overrides after the name."""
+    out = []
+    for c in sorted(cells):
+        rest = c[len("tether_g1"):]
+        if c.startswith("tether_g1") and (rest == "" or rest.startswith("_")) and "gae_g1" + rest in cells:
+            out.append((c, "gae_g1" + rest, f"A/A: {c} − gae_g1{rest}"))  # not tether_g16: G = 16 has a mean
+    return out
+
+
+PAIRED_HOW = ("each difference is the mean over the (checkpoint, RL seed) pairs both cells ran, with its 95% "
+              "t-interval (Student t, n − 1 df); endpoint: the mean of a run's last 5 held-out evaluations; verdict "
+              f"at ±{MARGIN}: equivalent (the whole interval inside ±{MARGIN}), better or worse (it excludes 0), else "
+              f"inconclusive; SD of the pairs, and the seeds that SD needs to resolve ±{MARGIN} with 80% power; mean "
+              "accuracy over tokens 0..X: the area under the accuracy-vs-tokens curve over a range X common to the "
+              "table, divided by X, the warm-start stretch counted at the start accuracy; thresholds: the "
+              "reference's start plus 25/50/75/100% of its gain to its endpoint, crossings interpolated between "
+              "evaluations; tokens and CPU seconds include every warm start ('-' where no record keeps the costs per "
+              "evaluation). Below the cells: contrasts, and the A/A rows (one configuration under two names: its "
+              "true difference is 0).")
+
+
+def paired_section(runs: list[dict], explain: bool = True) -> list[str]:
+    """Every cell against the reference cell, paired by (checkpoint, RL seed), then the contrasts and the A/A pairs
+    (bench/budget_stats.py)."""
     reference = reference_cell(runs)
-    return [f"Paired by seed against {reference} (cell minus {reference}; mean [95% bootstrap interval] over the "
-            "seeds both ran; crossings interpolated between evaluations; thresholds: the reference's start "
-            "accuracy plus 25/50/75/100% of its gain; mean accuracy over the tokens both runs generated; wall and "
-            "CPU seconds include the critic's warm start; '-' where no record keeps the costs per evaluation):",
-            "", *paired_table(runs, reference)]
+    cells = {r["cell"] for r in runs}
+    extra = [(a, b, f"{a} − {b} ({why})") for a, b, why in CONTRASTS if a in cells and b in cells] + aa_pairs(cells)
+    return [f"Paired by seed against {reference} (the critic study protocol, docs/benchmarks.md)"
+            + (f": {PAIRED_HOW}" if explain else ":"), "", *paired_table(runs, reference, MARGIN, tuple(extra))]
+
+
+def stamps_line(runs: list[dict], records: Path) -> str:
+    """What the records of one checkpoint carry: the stamps they lack (named, not guessed) and whether the
+    checkpoint's base is kept."""
+    missing = unstamped(runs)
+    ckpts = sorted({r["ckpt"] for r in runs})
+    kept = [c for c in ckpts if base_done(records / f"ckpt{c}" / "base")]
+    text = (f"{len(runs)} records **unstamped**: they lack " + ", ".join(f"{k} ({n})" for k, n in missing.items())
+            if missing else f"{len(runs)} records, each stamped with {', '.join(STAMPS)}")
+    commits = sorted({r["commit"] for r in runs if r.get("commit")})
+    dates = sorted({r["date"] for r in runs if r.get("date")})
+    if commits:
+        text += f"; commits {', '.join(commits)}"
+    if dates:
+        text += f"; dates {dates[0]}{' to ' + dates[-1] if len(dates) > 1 else ''}"
+    lost = [c for c in ckpts if c not in kept]
+    bases = [f"kept for {', '.join(kept)}"] if kept else []
+    bases += [f"not kept for {', '.join(lost)}"] if lost else []
+    return text + f". Base {'; '.join(bases)} (`<records>/ckpt<C>-<sha>/base`)."
+
+
+def cells_table(runs: list[dict]) -> list[str]:
+    """Per cell: runs and seeds, start, endpoint and final accuracy (mean and SD over seeds), warm-start tokens."""
+    from budget_stats import run_endpoint, warm_start_tokens
+
+    def ms(xs):
+        xs = [x for x in xs if x is not None]
+        if not xs:
+            return "-"
+        return f"{statistics.fmean(xs):.3f}" + (f" (SD {statistics.stdev(xs):.3f})" if len(xs) > 1 else "")
+
+    lines = ["| cell | prompts x G | runs (seeds) | start acc | endpoint (last 5 evals) | final acc | "
+             "warm-start tokens | tokens at the end |", "|---|---|---|---|---|---|---|---|"]
+    order = {k: i for i, k in enumerate(KINDS)}
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        by[r["cell"]].append(r)
+    for name, rs in sorted(by.items(), key=lambda kv: (order.get(kv[1][0]["kind"], 99), -kv[1][0]["group_size"],
+                                                         kv[0])):
+        lines.append(f"| {name} | {rs[0]['prompts_per_step']} x {rs[0]['group_size']} | {len(rs)} "
+                     f"({','.join(str(r['seed']) for r in sorted(rs, key=lambda r: (r['ckpt'], r['seed'])))}) | "
+                     f"{ms(r['start_accuracy'] for r in rs)} | {ms(run_endpoint(r) for r in rs)} | "
+                     f"{ms(r['final_accuracy'] for r in rs)} | "
+                     f"{statistics.fmean(warm_start_tokens(r) for r in rs):,.0f} | "
+                     f"{statistics.fmean(r['tokens_final'] for r in rs):,.0f} |")
+    return lines
+
+
+def restate(records_root: Path = ROOT / "bench" / "records") -> str:
+    """Every committed grid under the protocol, from its records alone: the arith* grids (per grid parameters and
+    checkpoint, then the cells run on every checkpoint pooled) and the SmolLM2 grid (bench/smollm_grid.py's report)."""
+    lines = ["# The critic study's grids under the protocol", "",
+             "`python bench/equal_budget.py --restate` (from the committed records alone; docs/benchmarks.md, "
+             "\"The critic study protocol\"). Per checkpoint: the cells, then every cell paired by seed against the "
+             "reference (grpo at G = 8 at its best learning rate), the contrasts, and the A/A cell where a grid has "
+             f"one. In the paired tables {PAIRED_HOW}"]
+    for experiment in ("arith", "arith_work", "arith_chain"):
+        folder = records_root / experiment
+        grids: dict[str, list[dict]] = defaultdict(list)
+        for path in sorted(folder.glob("ckpt*/*/seed*.json")):
+            rec = json.loads(path.read_text())
+            grids[json.dumps(rec.get("grid"), sort_keys=True)].append(rec)
+        for key, runs in grids.items():
+            grid = json.loads(key)
+            shas = sorted({r["ckpt"] for r in runs}, key=lambda c: (int(c.split("-")[0]), c))
+            lines += ["", f"## {experiment}", "",
+                      f"{grid['rollouts']} rollouts a step, {grid['steps']} policy steps, {grid['heldout']} held-out "
+                      f"problems every {grid['eval_every']} steps; records under `bench/records/{experiment}/`."]
+            parts = [(c, [r for r in runs if r["ckpt"] == c]) for c in shas]
+            if len(shas) > 1:
+                everywhere = [r for r in runs if all(any(x["cell"] == r["cell"] and x["ckpt"] == c for x in runs)
+                                                     for c in shas)]
+                parts.append((" and ".join(shas) + " pooled (the cells run on each)", everywhere))
+            for name, mine in parts:
+                lines += ["", f"### Checkpoint {name}", "", stamps_line(mine, folder), "", *cells_table(mine), "",
+                          *paired_section(mine, explain=False)]
+        ran = {r["ckpt"] for runs in grids.values() for r in runs}
+        idle = sorted(b.parent.name[len("ckpt"):] for b in folder.glob("ckpt*/base") if b.parent.name[4:] not in ran)
+        if idle:
+            lines += ["", f"Kept bases of {experiment} without runs: {', '.join(idle)}."]
+    smollm = records_root / "smollm"
+    if smollm.is_dir():
+        from bench import smollm_grid
+
+        lines += ["", "## smollm (SmolLM2-135M on chain_sum, 32 rollouts a step, 30 minutes)", "",
+                  smollm_grid.report(smollm, "gae_g1")]
+    return "\n".join(lines) + "\n"
 
 
 def report(out: Path, command: str, records: Path, key: dict) -> dict:
@@ -723,7 +882,8 @@ def report(out: Path, command: str, records: Path, key: dict) -> dict:
              f"counts its whole budget). Smoothed: the same with every accuracy the mean of its evaluation and the "
              f"{SMOOTH - 1} before it (target: the reference's mean of its last {SMOOTH}), less at the mercy of one "
              "evaluation's noise. Critic EV: pooled over each run's last 10 batches. All-equal groups: the "
-             "fraction of groups (G >= 2) whose rewards are all equal, mean over the run's batches."]
+             "fraction of groups (G >= 2) whose rewards are all equal, mean over the run's batches.",
+             "", stamps_line(runs, records)]
     for c in shas if len(shas) > 1 else []:
         mine = [dict(r) for r in runs if r["ckpt"] == c]
         part = summarize(mine)
@@ -748,7 +908,11 @@ def report(out: Path, command: str, records: Path, key: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="grid directory (rerun with the same one to continue)")
+    ap.add_argument("--out", default=None, help="grid directory (rerun with the same one to continue); required "
+                                                 "but with --restate")
+    ap.add_argument("--restate", action="store_true",
+                    help="print every committed grid (bench/records: arith, arith_work, arith_chain, smollm) under "
+                         "the critic study protocol, from the records alone; with --out also <out>/restated.md")
     ap.add_argument("--experiment", default="arith", help="+experiment=<this> for every run (default arith)")
     ap.add_argument("--cells", default=DEFAULT_CELLS, help=f"<kind>:<G>,... (default {DEFAULT_CELLS})")
     ap.add_argument("--rollouts", type=int, default=128, help="rollouts per policy step, prompts x G (default 128)")
@@ -767,6 +931,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny model, untrained version 0 (tests)")
     ap.add_argument("overrides", nargs="*", help="more key=value overrides for every run")
     args = ap.parse_args(argv)
+    if args.restate:
+        text = restate()
+        print(text, end="")
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / "restated.md").write_text(text)
+        return 0
+    if not args.out:
+        ap.error("--out is required (but with --restate)")
     args.seeds = [int(x) for x in args.seeds.split(",")]
     args.ckpt_seeds = [int(x) for x in args.ckpt_seeds.split(",")]
     args.lock = args.lock or None

@@ -32,10 +32,12 @@ evaluation is removed and run again.
 `--stop-after HH:MM` (UTC) starts no run after that time.
 
 The report compares every cell with ``--reference`` (default gae_g1) paired by RL seed: the difference of the RL gains
-per seed, its mean and 95% bootstrap interval over the seeds (bench/budget_stats.py); and, where both records keep
+per seed, its mean and 95% t-interval over the seeds (Student t, n − 1 df), its verdict at ±0.02 and the seeds its SD
+needs (bench/budget_stats.py, docs/benchmarks.md "The critic study protocol"); and, where both records keep
 per-problem rewards from the same start (so the difference of the end accuracies is that of the gains), pooled over
 (seed, problem) pairs: the paired difference with a normal 95% interval and the exact McNemar test on the discordant
-pairs.
+pairs (the problems of these runs as units: how these runs' end policies differ, not the methods over seeds). It
+names the stamps of the protocol (commit, date, CPU model and flags, checkpoint sha) that records lack.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import paired_heldout, run_figures  # noqa: E402
-from bench.budget_stats import paired_bootstrap  # noqa: E402
+from bench.budget_stats import MARGIN, compare as paired_compare  # noqa: E402
 from bench.task_headroom import commit  # noqa: E402
 from prime_values.models.build import AVX2_KERNELS, cpu_bf16_native, cpu_model  # noqa: E402
 
@@ -154,13 +156,17 @@ def problem_pairs(a: dict, b: dict) -> list[int]:
     return [int(ra[p] >= 1.0) - int(rb[p] >= 1.0) for p in sorted(set(ra) & set(rb))]
 
 
-def compare(cell: dict[int, dict], ref: dict[int, dict]) -> dict | None:
+def compare(cell: dict[int, dict], ref: dict[int, dict], margin: float = MARGIN) -> dict | None:
+    """`cell` minus `ref`, paired by RL seed: the RL gains' differences, their mean, 95% t-interval (Student t,
+    n − 1 df; bench/budget_stats.py), SD, verdict at ±margin and the seeds that SD needs to resolve the margin; and,
+    where per-problem rewards are kept from one start, pooled over (seed, problem) pairs."""
     seeds = sorted(set(cell) & set(ref))
     if not seeds:
         return None
     diffs = [cell[s]["paired"]["gain"] - ref[s]["paired"]["gain"] for s in seeds]
-    mean, lo, hi = paired_bootstrap(diffs)
-    out = {"seeds": seeds, "per_seed": diffs, "mean": mean, "ci95": [lo, hi]}
+    c = paired_compare(diffs, margin)
+    out = {"seeds": seeds, "per_seed": diffs, "mean": c["mean"], "ci95": [c["lo"], c["hi"]], "sd": c["sd"],
+           "verdict": c["verdict"], "seeds_needed": c["seeds_needed"]}
     d = [x for s in seeds for x in problem_pairs(cell[s], ref[s])]
     if d:
         m = statistics.fmean(d)
@@ -170,11 +176,19 @@ def compare(cell: dict[int, dict], ref: dict[int, dict]) -> dict | None:
     return out
 
 
-def report(records: Path, reference: str) -> str:
+STAMPS = ("commit", "date", "cpu", "cpu_flags", "checkpoint_sha")  # the protocol's (docs/benchmarks.md)
+# pairs the recipe reads besides the reference column, (cell, other)
+CONTRASTS = (("mean_g1", "plain_g1"), ("mean_g1", "grpo_g2"), ("mean_g1_avx2", "mean_g1"))
+
+
+def report(records: Path, reference: str, margin: float = MARGIN) -> str:
+    """The table (every cell, and its difference to `reference` paired by seed with a 95% t-interval and a verdict
+    at ±margin) and what it rests on: the stamps the records lack, and the protocol's parts this grid does not have."""
     runs = load_records(records)
     lines = ["| cell | seeds | RL steps | held-out step 0 -> end, per seed | RL gain, mean (per seed) | "
-             "seeds with 95% CI > 0 | critic EV, last 5 | minus " + reference + ", paired by seed [95% bootstrap] | "
-             "pooled over problems [95%], won / lost, McNemar p |", "|---" * 9 + "|"]
+             "seeds with 95% CI > 0 | critic EV, last 5 | minus " + reference + ", paired by seed [95% t-interval] | "
+             f"verdict ±{margin} | SD of pairs | seeds for ±{margin} | "
+             "pooled over problems [95%], won / lost, McNemar p (these runs only) |", "|---" * 12 + "|"]
     for name in [c for c in CELLS if c in runs] + sorted(set(runs) - set(CELLS)):
         cell = runs[name]
         seeds = sorted(cell)
@@ -182,11 +196,14 @@ def report(records: Path, reference: str) -> str:
         f = [cell[s]["figures"] for s in seeds]
         ev = [x.get("explained_variance_last5") for x in f]
         ev_text = ", ".join(f"{x:.2f}" for x in ev if x is not None) or "-"
-        cmp = compare(cell, runs[reference]) if reference in runs and name != reference else None
-        vs = pooled = "-"
+        cmp = compare(cell, runs[reference], margin) if reference in runs and name != reference else None
+        vs = pooled = verdict = spread = need = "-"
         if cmp:
-            vs = f"{cmp['mean']:+.3f} [{cmp['ci95'][0]:+.3f}, {cmp['ci95'][1]:+.3f}] (" + \
-                 ", ".join(f"{x:+.3f}" for x in cmp["per_seed"]) + ")"
+            vs = (f"{cmp['mean']:+.3f} [{cmp['ci95'][0]:+.3f}, {cmp['ci95'][1]:+.3f}] (" if cmp["ci95"][0] is not None
+                  else f"{cmp['mean']:+.3f}, one pair (") + ", ".join(f"{x:+.3f}" for x in cmp["per_seed"]) + ")"
+            verdict = cmp["verdict"] or "-"
+            spread = f"{cmp['sd']:.3f}" if cmp["sd"] is not None else "-"
+            need = str(cmp["seeds_needed"]) if cmp["seeds_needed"] is not None else "-"
             if "problems" in cmp:
                 q = cmp["problems"]
                 pooled = f"{q['mean']:+.3f} [{q['ci95'][0]:+.3f}, {q['ci95'][1]:+.3f}], {q['wins']} / " \
@@ -195,7 +212,28 @@ def report(records: Path, reference: str) -> str:
             f"| {name} | {','.join(map(str, seeds))} | {', '.join(str(x['policy_steps']) for x in f)} | "
             + ", ".join(f"{x['before']:.3f} -> {x['after']:.3f}" for x in p)
             + f" | {statistics.fmean(x['gain'] for x in p):+.3f} (" + ", ".join(f"{x['gain']:+.3f}" for x in p)
-            + f") | {sum(x['ci95'][0] > 0 for x in p)} of {len(p)} | {ev_text} | {vs} | {pooled} |")
+            + f") | {sum(x['ci95'][0] > 0 for x in p)} of {len(p)} | {ev_text} | {vs} | {verdict} | {spread} | "
+            f"{need} | {pooled} |")
+    lines.append("")
+    for a, b in CONTRASTS:
+        cmp = compare(runs[a], runs[b], margin) if a in runs and b in runs else None
+        if cmp and cmp["ci95"][0] is not None:
+            q = f"; by problem {cmp['problems']['mean']:+.3f} [{cmp['problems']['ci95'][0]:+.3f}, " \
+                f"{cmp['problems']['ci95'][1]:+.3f}] (these runs only)" if "problems" in cmp else ""
+            lines.append(f"- {a} minus {b}, paired by seed: {cmp['mean']:+.3f} [{cmp['ci95'][0]:+.3f}, "
+                         f"{cmp['ci95'][1]:+.3f}] (" + ", ".join(f"{x:+.3f}" for x in cmp["per_seed"])
+                         + f"), {cmp['verdict']} at ±{margin}; SD {cmp['sd']:.3f}, seeds for ±{margin}: "
+                         f"{cmp['seeds_needed']}{q}.")
+    every = [r for cell in runs.values() for r in cell.values()]
+    missing = {k: n for k in STAMPS if (n := sum(not r.get(k) for r in every))}
+    lines += [f"- Records: {len(every)}" + (", **unstamped**: they lack " + ", ".join(
+        f"{k} ({n})" for k, n in missing.items()) if missing else ", each stamped with " + ", ".join(STAMPS)) + "."]
+    lines.append("- The endpoint is each run's last evaluation (the runs evaluate at step 0 and at the end only: the "
+                 "protocol's mean of the last 5 evaluations is not available), and the budget is wall time (30 "
+                 "minutes on the same 2 cores: a critic's compute is charged in the steps it costs; no critic here has "
+                 "a warm start). No two cells are one configuration, so the grid has no A/A cell and its noise floor "
+                 "is not measured. The pooled-over-problems column treats the 200 problems of these runs as the "
+                 "units: it says how these runs' end policies differ, not how the methods do over seeds.")
     return "\n".join(lines)
 
 

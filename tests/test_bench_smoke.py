@@ -231,6 +231,9 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     assert sorted(p.relative_to(records).as_posix() for p in records.rglob("*.json")) == \
         [f"ckpt0-{sha}/gae_g1/seed0.json", f"ckpt0-{sha}/grpo_g8/seed0.json"]
     assert equal_budget.has_record(records, key, 0, sha, "gae_g1", 0)
+    # a new record carries the protocol's stamps: commit, date, CPU model and flags, checkpoint sha
+    rec = json.loads((records / f"ckpt0-{sha}" / "gae_g1" / "seed0.json").read_text())
+    assert all(rec.get(k) for k in ("commit", "date", "cpu", "checkpoint_sha")) and "cpu_flags" in rec
     assert not equal_budget.has_record(records, {**key, "steps": 30}, 0, sha, "gae_g1", 0)
     assert equal_budget.recorded_sha(records, key, 0, [("grpo_g8", 0), ("gae_g1", 0)]) == sha
     assert equal_budget.recorded_sha(records, key, 0, [("gae_g1", 1)]) is None  # the stopped run has none
