@@ -139,7 +139,7 @@ CORPUS = [
     (["inference.backend=tgi"], "inference.backend", "choose one of"),
     # unknown group options
     (["topology=ring"], "topology/ring", "available: colocated, cpu, dedicated"),
-    (["advantage=ppo"], "advantage/ppo", "available: batch_loo, batch_mean, gae, grpo, reinforce, tether"),
+    (["advantage=ppo"], "advantage/ppo", "available: batch_loo, batch_mean, gae, grpo, linear_mix, reinforce, tether"),
     (["replay=lifo"], "replay/lifo", "available: fifo, recent, uniform"),
     (["critic=huge"], "critic/huge", "available:"),
     # missing paths
@@ -197,6 +197,13 @@ OTHER_TASKS = [
     ("math", ["task.prompt_template=solve"], "task.prompt_template='solve'", "must contain '{question}'"),
     ("arith_chain", ["task.ops=+*"], "task.show_work=true", "task.ops from '+-'"),
     ("arith_work", ["task.operands=1"], "task.operands=1", "set task.operands=2 or more"),
+    ("guess", ["task.min_number=50"], "task.min_number=50", "2..task.max_number (40)"),
+    ("guess", ["task.feedback=colour"], "task.feedback", "interval, direction"),
+    ("guess", ["inference.max_new_tokens=2"], "inference.max_new_tokens=2", "raise it above 2"),
+    ("guess", ["task.max_turns=32", "policy.arch.max_position_embeddings=100", "critic.max_length=100"],
+     "task.max_turns", "raise policy.arch.max_position_embeddings"),
+    ("guess", ["critic.max_length=30"], "critic.max_length=30", "raise critic.max_length"),
+    ("guess", ["inference=vllm"], "task=guess", "use inference=hf"),
 ]
 
 
@@ -209,7 +216,7 @@ def test_other_task_rules_fail_before_launch_in_one_line(experiment, overrides, 
 
 
 def test_every_experiment_is_valid_on_its_own():
-    for experiment in ("arith", "arith_work", "arith_chain", "reverse_text", "smollm"):
+    for experiment in ("arith", "arith_work", "arith_chain", "guess", "reverse_text", "smollm"):
         assert precheck([f"+experiment={experiment}"]) is None, experiment
 
 

@@ -13,6 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from prime_values.config import Config
+from prime_values.config.advantage import make_estimator
 from prime_values.log import LogReader, SegmentWriter
 from prime_values.log.records import token_digest
 from prime_values.roles import orchestrator
@@ -31,9 +32,9 @@ def test_targets_rows_carry_value_targets_not_advantages_and_each_rollouts_privi
     rollouts = [{**rollout("a", "g", 1.0), "privileged": "answer 12"}, {**rollout("b", "g", 0.0), "privileged": "7"}]
     values = [{**values_row(r["rollout_id"], [0, 0, .5, .5, .5]), "token_digest": token_digest(r["token_ids"])}
               for r in rollouts]
-    scored = score_group(rollouts, values, cfg)
-    assert scored["advantages"][0, 2:].tolist() == pytest.approx([0.125, 0.25, 0.5])
-    rows = target_rows(rollouts, values, scored)
+    scored = score_group(rollouts, values, make_estimator(cfg.advantage))
+    assert scored.advantages[0, 2:].tolist() == pytest.approx([0.125, 0.25, 0.5])
+    rows = target_rows(scored)
     assert [r["rollout_id"] for r in rows] == ["a", "b"]
     assert rows[0]["value_targets"] == pytest.approx([0, 0, 1, 1, 1])
     assert rows[1]["value_targets"] == pytest.approx([0, 0, 0, 0, 0])
@@ -49,7 +50,7 @@ def test_grpo_std_flag_reaches_the_advantages(grpo_std, expected):
     cfg = OmegaConf.structured(Config)
     cfg.advantage.estimator, cfg.advantage.grpo_std = "grpo", grpo_std
     group = [rollout(f"r{i}", "g", float(i == 0)) for i in range(4)]
-    advantages = score_group(group, None, cfg)["advantages"]
+    advantages = score_group(group, None, make_estimator(cfg.advantage)).advantages
     assert advantages[0, 2:].tolist() == pytest.approx([expected[0]] * 3, rel=1e-5)
     assert advantages[1:, 2:].flatten().tolist() == pytest.approx([expected[1]] * 9, rel=1e-5)
     assert (advantages[:, :2] == 0).all()  # the prompt gets no advantage
@@ -62,7 +63,7 @@ def test_whitening_is_over_policy_tokens_only():
     cfg = OmegaConf.structured(Config)
     cfg.advantage.estimator = "grpo"
     group = [rollout("a", "g", 1.0), rollout("b", "g", 0.0, response=(7, 2))]
-    groups = [{"rollouts": group, "values": None, "scored": score_group(group, None, cfg)}]
+    groups = [score_group(group, None, make_estimator(cfg.advantage))]
     rows = batch_rows(1, groups, whiten_advantages=True)
     assert rows[0]["advantages"] == pytest.approx([0, 0] + [2 / math.sqrt(6)] * 3, rel=1e-5)
     assert rows[1]["advantages"] == pytest.approx([0, 0] + [-3 / math.sqrt(6)] * 2, rel=1e-5)
@@ -109,3 +110,22 @@ def test_a_restarted_orchestrator_keeps_the_groups_it_was_holding(tmp_path):
     assert found, "the restarted orchestrator never batched the group it had been holding"
     ids = found[0].table.column("rollout_id").to_pylist()
     assert ids == ["w0-000000-0000", "w0-000000-0001"], ids
+
+
+def test_segment_positions_hold_the_oldest_segment_of_each_shard_and_forget_used_rows():
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from prime_values.roles.orchestrator import SegmentPositions
+
+    def segment(shard, seq, *ids):
+        return SimpleNamespace(shard=shard, seq=seq, table=pa.table({"rollout_id": list(ids)}))
+
+    at = SegmentPositions()
+    rows = at.rows([segment("w0", 3, "a", "b"), segment("w1", 5, "c"), segment("w0", 4, "d")])
+    assert [r["rollout_id"] for r in rows] == ["a", "b", "c", "d"]  # the rows themselves carry no position
+    assert all(set(r) == {"rollout_id"} for r in rows)
+    at.rows([segment("w0", 6, "b")])  # read again later (a re-scored row): the older position stays held
+    assert at.held(["b", "c", "d"]) == {"w0": 3, "w1": 5}  # b is in w0's segment 3; a was used
+    assert at.held(["d"]) == {"w0": 4} and at.held(["c"]) == {}  # c was forgotten with the call before

@@ -11,10 +11,12 @@ import torch
 from omegaconf import OmegaConf
 
 from prime_values.config import Config
+from prime_values.config.advantage import make_estimator
 from prime_values.critic_io import CriticInputs
 from prime_values.launch import descendants, resolve_devices
 from prime_values.monitor import MetricsTail
-from prime_values.roles.orchestrator import GroupJoin, batch_metrics, batch_rows, score_group, score_groups
+from prime_values.roles.orchestrator import (GroupJoin, ScoredGroup, batch_metrics, batch_rows, score_group,
+                                             score_groups)
 from prime_values.roles.policy_trainer import policy_lr
 
 import log_rows
@@ -47,10 +49,10 @@ def test_gae_advantages_with_lambda_one_are_return_minus_value():
     cfg = OmegaConf.structured(Config)
     rollouts = [rollout("a", "g", 1.0), rollout("b", "g", 0.0)]
     values = [values_row("a", [9, 9, .5, .75, 1.0]), values_row("b", [9, 9, .25, .5, .0])]
-    scored = score_group(rollouts, values, cfg)
+    scored = score_group(rollouts, values, make_estimator(cfg.advantage))
     # gamma = lambda = 1: A_t = R - V_t on policy tokens, 0 on the prompt (whatever the value there)
-    assert torch.allclose(scored["advantages"], torch.tensor([[0, 0, .5, .25, 0], [0, 0, -.25, -.5, 0]]))
-    assert torch.allclose(scored["targets"], torch.tensor([[0, 0, 1., 1., 1.], [0, 0, 0, 0, 0]]))
+    assert torch.allclose(scored.advantages, torch.tensor([[0, 0, .5, .25, 0], [0, 0, -.25, -.5, 0]]))
+    assert torch.allclose(scored.targets, torch.tensor([[0, 0, 1., 1., 1.], [0, 0, 0, 0, 0]]))
 
 
 def test_policy_lr_is_constant_then_decays_over_the_last_steps():
@@ -67,7 +69,7 @@ def test_batch_metrics_report_critic_health_worked_by_hand():
     cfg = OmegaConf.structured(Config)
     rollouts = [rollout("a", "g", 1.0), rollout("b", "g", 0.0)]
     values = [values_row("a", [9, 9, .5, .5, .5], version=3), values_row("b", [9, 9, .5, .5, .5], version=4)]
-    group = {"rollouts": rollouts, "values": values, "scored": score_group(rollouts, values, cfg)}
+    group = score_group(rollouts, values, make_estimator(cfg.advantage))
     class Provenance:  # critic v3 had trained on data up to policy v0, v4 had not published it
         def trained_on(self, version):
             return {3: 0}.get(version)
@@ -85,20 +87,21 @@ def test_batch_metrics_report_critic_health_worked_by_hand():
 def test_a_cut_trace_bootstraps_from_the_value_at_the_cut():
     cfg = OmegaConf.structured(Config)
     cut = {**values_row("a", [0, 0, .5, .6, 0]), "cut": True, "valued_tokens": 4, "bootstrap_value": 0.8}
-    scored = score_group([rollout("a", "g", 1.0)], [cut], cfg)
+    gae = make_estimator(cfg.advantage)
+    scored = score_group([rollout("a", "g", 1.0)], [cut], gae)
     # the critic saw prompt + 2 response tokens; γ = λ = 1: A_t = V(s_cut) - V_t (the reward is beyond the cut)
-    assert torch.allclose(scored["advantages"], torch.tensor([[0, 0, .3, .2, 0]]))
-    assert torch.allclose(scored["targets"], torch.tensor([[0, 0, .8, .8, 0]]))
-    capped = score_group([rollout("a", "g", 1.0)], [values_row("a", [0, 0, .5, .6, .7])], cfg)  # not cut: R counts
-    assert torch.allclose(capped["advantages"], torch.tensor([[0, 0, .5, .4, .3]]))
+    assert torch.allclose(scored.advantages, torch.tensor([[0, 0, .3, .2, 0]]))
+    assert torch.allclose(scored.targets, torch.tensor([[0, 0, .8, .8, 0]]))
+    capped = score_group([rollout("a", "g", 1.0)], [values_row("a", [0, 0, .5, .6, .7])], gae)  # not cut: R counts
+    assert torch.allclose(capped.advantages, torch.tensor([[0, 0, .5, .4, .3]]))
 
 
 def test_grpo_advantages_need_no_values():
     cfg = OmegaConf.structured(Config)
     cfg.advantage.estimator = "grpo"
-    scored = score_group([rollout("a", "g", 1.0), rollout("b", "g", 0.0)], None, cfg)
-    assert torch.allclose(scored["advantages"], torch.tensor([[0, 0, .5, .5, .5], [0, 0, -.5, -.5, -.5]]))
-    assert scored["targets"] is None
+    scored = score_group([rollout("a", "g", 1.0), rollout("b", "g", 0.0)], None, make_estimator(cfg.advantage))
+    assert torch.allclose(scored.advantages, torch.tensor([[0, 0, .5, .5, .5], [0, 0, -.5, -.5, -.5]]))
+    assert scored.targets is None
 
 
 def test_batch_rows_carry_provenance_and_unpadded_advantages():
@@ -106,7 +109,7 @@ def test_batch_rows_carry_provenance_and_unpadded_advantages():
     short = rollout("b", "g", 0.0, response=(7, 2))
     rollouts = [rollout("a", "g", 1.0, version=4), short]
     values = [values_row("a", [0, 0, .5, .5, .5], version=7), values_row("b", [0, 0, .5, .5], version=8)]
-    groups = [{"rollouts": rollouts, "values": values, "scored": score_group(rollouts, values, cfg)}]
+    groups = [score_group(rollouts, values, make_estimator(cfg.advantage))]
     rows = batch_rows(5, groups, whiten_advantages=False)
     assert [r["step"] for r in rows] == [5, 5]
     assert [r["policy_version"] for r in rows] == [4, 0] and [r["critic_version"] for r in rows] == [7, 8]
@@ -232,12 +235,13 @@ def test_tether_is_grpo_for_a_useless_critic_and_zero_for_a_perfect_one():
     cfg = OmegaConf.structured(Config)
     cfg.advantage.estimator = "tether"
     rollouts = [rollout("a", "g", 1.0), rollout("b", "g", 0.0)]
+    tether = make_estimator(cfg.advantage)
     flat = [values_row("a", [0, 0, .5, .5, .5]), values_row("b", [0, 0, .5, .5, .5])]
-    scored = score_group(rollouts, flat, cfg)  # R² of a constant 0.5 on returns 1,1,1,0,0,0 is 0: w = 0
-    assert torch.allclose(scored["advantages"], torch.tensor([[0, 0, .5, .5, .5], [0, 0, -.5, -.5, -.5]]))
+    scored = score_group(rollouts, flat, tether)  # R² of a constant 0.5 on returns 1,1,1,0,0,0 is 0: w = 0
+    assert torch.allclose(scored.advantages, torch.tensor([[0, 0, .5, .5, .5], [0, 0, -.5, -.5, -.5]]))
     perfect = [values_row("a", [0, 0, 1, 1, 1]), values_row("b", [0, 0, 0, 0, 0])]
-    scored = score_group(rollouts, perfect, cfg)  # w = 1: A = R - V = 0 everywhere
-    assert torch.equal(scored["advantages"], torch.zeros(2, 5)) and scored["tether_weight"].tolist() == [1, 1]
+    scored = score_group(rollouts, perfect, tether)  # w = 1: A = R - V = 0 everywhere
+    assert torch.equal(scored.advantages, torch.zeros(2, 5)) and scored.stats["tether_weight"].tolist() == [1, 1]
 
 
 def _tether_groups():
@@ -254,19 +258,19 @@ def test_tether_group_mode_reads_the_running_ev_for_a_flat_group_and_the_critic_
     cfg = OmegaConf.structured(Config)
     cfg.advantage.estimator, cfg.inference.prompts_per_step = "tether", 4
     recent = deque(maxlen=4)
-    g1, g2, g3 = score_groups(_tether_groups(), cfg, recent)
+    g1, g2, g3 = score_groups(_tether_groups(), make_estimator(cfg.advantage), recent)
     # g1: returns (1,1,1 | 0,0,0), V = .75 / .25: R² = 1 − 6·0.0625 / (6·0.25) = 0.75 = w, b = 0.5,
     #     Ṽ = .75·V + .125 = .6875 / .3125  →  A = ±0.3125
-    assert g1["scored"]["tether_weight"].tolist() == [0.75, 0.75]
-    assert torch.allclose(g1["scored"]["advantages"][:, 2:], torch.tensor([[.3125] * 3, [-.3125] * 3]))
+    assert g1.stats["tether_weight"].tolist() == [0.75, 0.75]
+    assert torch.allclose(g1.advantages[:, 2:], torch.tensor([[.3125] * 3, [-.3125] * 3]))
     # g2: both right, returns do not vary → w = the critic's EV on the groups scored before it (g1: residuals
     #     ±0.25, Var 0.0625 of 0.25 → 0.75), b = 1, Ṽ = .75·.5 + .25 = .625 → A = +0.375 (the group mean gives 0)
-    assert g2["scored"]["tether_weight"].tolist() == [0.75, 0.75]
-    assert torch.allclose(g2["scored"]["advantages"][:, 2:], torch.full((2, 3), .375))
+    assert g2.stats["tether_weight"].tolist() == [0.75, 0.75]
+    assert torch.allclose(g2.advantages[:, 2:], torch.full((2, 3), .375))
     # g3: a group of one → w = 1, A = R − V = −0.25 (its group mean, its own reward, would give 0)
-    assert g3["scored"]["tether_weight"].tolist() == [1.0]
-    assert torch.allclose(g3["scored"]["advantages"][0, 2:], torch.full((3,), -.25))
-    assert [g["rollouts"][0]["group_id"] for g in recent] == ["g1", "g2", "g3"]
+    assert g3.stats["tether_weight"].tolist() == [1.0]
+    assert torch.allclose(g3.advantages[0, 2:], torch.full((3,), -.25))
+    assert [g.rollouts[0]["group_id"] for g in recent] == ["g1", "g2", "g3"]
     # under GRPO the fraction of groups (of two or more) whose rewards are all equal: g2 of g1, g2
     metrics = batch_metrics(1, [g1, g2, g3])
     assert metrics["groups_equal_reward"] == 0.5 and metrics["tether_weight_mean"] == pytest.approx(0.8)
@@ -275,12 +279,12 @@ def test_tether_group_mode_reads_the_running_ev_for_a_flat_group_and_the_critic_
 def test_tether_running_mode_starts_at_the_group_mean_before_any_group_was_scored():
     cfg = OmegaConf.structured(Config)
     cfg.advantage.estimator, cfg.advantage.tether_mode, cfg.inference.prompts_per_step = "tether", "running", 4
-    g1, g2, g3 = score_groups(_tether_groups(), cfg, deque(maxlen=4))
+    g1, g2, g3 = score_groups(_tether_groups(), make_estimator(cfg.advantage), deque(maxlen=4))
     # g1 is the first group: no explained variance yet (nan → w = 0), A = R − mean R = ±0.5
-    assert g1["scored"]["tether_weight"].tolist() == [0.0, 0.0]
-    assert torch.allclose(g1["scored"]["advantages"][:, 2:], torch.tensor([[.5] * 3, [-.5] * 3]))
+    assert g1.stats["tether_weight"].tolist() == [0.0, 0.0]
+    assert torch.allclose(g1.advantages[:, 2:], torch.tensor([[.5] * 3, [-.5] * 3]))
     # g2: w = EV(g1) = 0.75 as in group mode; g3 (a group of one): w = 1 in this mode too
-    assert g2["scored"]["tether_weight"].tolist() == [0.75, 0.75] and g3["scored"]["tether_weight"].tolist() == [1.0]
+    assert g2.stats["tether_weight"].tolist() == [0.75, 0.75] and g3.stats["tether_weight"].tolist() == [1.0]
 
 
 def test_group_size_one_completes_groups_and_gae_scores_them():
@@ -290,8 +294,8 @@ def test_group_size_one_completes_groups_and_gae_scores_them():
     join.add_rollouts([rollout("a", "g", 1.0), rollout("b", "h", 0.0)])
     join.add_values([values_row("a", [9, 9, .5, .5, .5])])
     [(rollouts, values)] = join.pop_complete()  # "b" still waits for its values
-    [group] = score_groups([(rollouts, values)], cfg, deque(maxlen=1))
-    assert torch.allclose(group["scored"]["advantages"][0, 2:], torch.full((3,), .5))  # R − V
+    [group] = score_groups([(rollouts, values)], make_estimator(cfg.advantage), deque(maxlen=1))
+    assert torch.allclose(group.advantages[0, 2:], torch.full((3,), .5))  # R − V
     assert "groups_equal_reward" not in batch_metrics(1, [group])  # no group of two or more
 
 
@@ -299,10 +303,10 @@ def test_adaptive_lambda_reaches_the_advantages():
     cfg = OmegaConf.structured(Config)
     cfg.advantage.adaptive_alpha = 1.0  # n = 3 policy tokens: λ = 1 - 1/3 = 2/3
     rollouts = [rollout("a", "g", 1.0)]
-    scored = score_group(rollouts, [values_row("a", [0, 0, .5, .5, .5])], cfg)
+    scored = score_group(rollouts, [values_row("a", [0, 0, .5, .5, .5])], make_estimator(cfg.advantage))
     # δ = 0, 0, 0.5 (only the last token sees the reward); A_t = Σ (γλ)^k δ_{t+k}: 0.5·(2/3)², 0.5·(2/3), 0.5
-    assert torch.allclose(scored["advantages"][0, 2:], torch.tensor([0.5 * 4 / 9, 0.5 * 2 / 3, 0.5]))
-    assert torch.allclose(scored["targets"][0, 2:], torch.ones(3))  # λ_value = 1: Monte-Carlo returns
+    assert torch.allclose(scored.advantages[0, 2:], torch.tensor([0.5 * 4 / 9, 0.5 * 2 / 3, 0.5]))
+    assert torch.allclose(scored.targets[0, 2:], torch.ones(3))  # λ_value = 1: Monte-Carlo returns
 
 
 @pytest.mark.parametrize("loss,clip,lambda_value", [("bce", 0.0, 1.0), ("mse", 0.1, 1.0), ("huber", 0.0, 0.5)])
@@ -431,6 +435,11 @@ def test_policy_trainer_skips_a_batch_it_trained_before_a_restart(tmp_path):
         next_rows(fresh, Ctx(), 0)
 
 
+def waiting(rollouts: list[dict]) -> ScoredGroup:
+    """A scored group as ReadyGroups holds it (only its rollouts matter there)."""
+    return ScoredGroup(rollouts, None, torch.ones(len(rollouts), 1, dtype=torch.bool), torch.zeros(len(rollouts), 1))
+
+
 def test_ready_groups_take_one_chunk_of_every_worker():
     """Seen in CI with 2 workers (prompts_per_step 4, 2 groups a chunk, steps=4): worker 1 ran ahead and its
     chunk for step 4 filled batch 3 next to worker 0's chunk 1 (arrival order), leaving worker 0's chunks 2 and 3
@@ -438,8 +447,8 @@ def test_ready_groups_take_one_chunk_of_every_worker():
     Per-worker queues give every batch one chunk of each worker."""
     from prime_values.roles.orchestrator import ReadyGroups
 
-    def group(shard: str, chunk: int, version: int) -> dict:
-        return {"rollouts": [{"shard": shard, "policy_version": version, "group_id": f"{shard}-{chunk}"}] * 4}
+    def group(shard: str, chunk: int, version: int) -> ScoredGroup:
+        return waiting([{"shard": shard, "policy_version": version, "group_id": f"{shard}-{chunk}"}] * 4)
 
     ready = ReadyGroups(workers=2, per_worker=2)
     for shard, chunk, version in [("w0", 0, 0), ("w1", 0, 0), ("w1", 1, 0), ("w0", 1, 0), ("w1", 2, 1),
@@ -447,13 +456,13 @@ def test_ready_groups_take_one_chunk_of_every_worker():
         ready.add(group(shard, chunk, version))
         ready.add(group(shard, chunk, version))
     batch = ready.take()
-    assert [g["rollouts"][0]["group_id"] for g in batch] == ["w0-0", "w0-0", "w1-0", "w1-0"]
-    assert [g["rollouts"][0]["group_id"] for g in ready.take()] == ["w0-1", "w0-1", "w1-1", "w1-1"]
+    assert [g.rollouts[0]["group_id"] for g in batch] == ["w0-0", "w0-0", "w1-0", "w1-0"]
+    assert [g.rollouts[0]["group_id"] for g in ready.take()] == ["w0-1", "w0-1", "w1-1", "w1-1"]
     assert ready.take() is None and len(ready) == 4  # worker 0's chunk 2 is not here yet
     ready.add(group("w0", 2, 1))
     ready.add(group("w0", 2, 1))
     assert ready.drop_stale(step=3, max_off_policy=1) == 0
-    assert [g["rollouts"][0]["group_id"] for g in ready.take()] == ["w0-2", "w0-2", "w1-2", "w1-2"]
+    assert [g.rollouts[0]["group_id"] for g in ready.take()] == ["w0-2", "w0-2", "w1-2", "w1-2"]
     ready.add(group("w0", 3, 0))  # a straggler too old for step 4 (version 0: (4 - 1) - 0 > 1)
     assert ready.drop_stale(step=4, max_off_policy=1) == 4 and len(ready) == 2
     assert ready.take() is None
@@ -467,10 +476,10 @@ def test_drop_stale_keeps_exactly_max_off_policy_and_drops_one_more():
     for k in (0, 1, 2):
         step = 10
         ready = ReadyGroups(workers=1, per_worker=1)
-        ready.add({"rollouts": [{"shard": "w0", "policy_version": step - 1 - (k + 1)}] * 3})  # k + 1 stale
-        ready.add({"rollouts": [{"shard": "w0", "policy_version": step - 1 - k}] * 3})  # k stale
+        ready.add(waiting([{"shard": "w0", "policy_version": step - 1 - (k + 1)}] * 3))  # k + 1 stale
+        ready.add(waiting([{"shard": "w0", "policy_version": step - 1 - k}] * 3))  # k stale
         assert ready.drop_stale(step=step, max_off_policy=k) == 3 and len(ready) == 1, k
-        assert ready.take()[0]["rollouts"][0]["policy_version"] == step - 1 - k
+        assert ready.take()[0].policy_version == step - 1 - k
 
 
 def test_initial_critic_follows_critic_init_and_num_layers(tmp_path):
@@ -535,7 +544,7 @@ def test_critic_step_targets_with_lambda_below_one_bootstrap_a_cut_trace_as_the_
                "cut": inputs.cut[b], "valued_tokens": inputs.valued_tokens[b],
                "bootstrap_value": float(inputs.bootstrap[b]) if inputs.cut[b] else 0.0, "scored_at": 0.0}
               for b, r in enumerate(rows)]
-    orchestrator = score_group(rows, scores, cfg)["targets"]
+    orchestrator = score_group(rows, scores, make_estimator(cfg.advantage)).targets
     assert torch.allclose(mine, orchestrator, atol=1e-6)
 
 

@@ -7,8 +7,10 @@ value of the causal state ``x_{<t}`` of policy token ``t`` (already aligned by t
 on the last policy token of rollout ``b``, even when environment tokens follow it, unless the caller flags
 the rollout as cut by the critic's context (``cut[b]``), in which case ``bootstrap[b]`` = V(s_cut) stands in.
 
-Estimators: ``gae`` (value baseline), ``grpo_advantages`` (group-mean baseline) and ``tether_advantages``
-(a blend of the two weighted by the critic's accuracy).
+The formulas of the estimators (``prime_values.algo.estimators`` registers them by name): ``gae`` (value
+baseline), ``grpo_advantages`` (group-mean baseline), ``tether_advantages`` (a blend of the two weighted by the
+critic's accuracy), ``linear_mix_advantages`` (a fixed blend of the two advantages) and ``batch_mean_advantages``
+(the batch's mean reward as the baseline).
 """
 
 from __future__ import annotations
@@ -244,35 +246,29 @@ def grpo_advantages(
         std = (squares / (counts - 1).clamp(min=1)).sqrt()[index]
         # std = 0 means every member equals the mean: advantage 0, whatever eps is.
         advantage = torch.where(std > 0, advantage / (std + eps), torch.zeros_like(advantage))
-    mask = policy_mask.bool()
-    per_token = advantage[:, None].expand(mask.shape)
-    return torch.where(mask, per_token, torch.zeros_like(per_token))
+    return per_token(advantage, policy_mask)
 
 
-BATCH_BASELINES = ("batch_mean", "batch_loo", "reinforce")
+def batch_mean_advantages(rewards: Tensor, policy_mask: Tensor, leave_one_out: bool = False) -> Tensor:
+    """Advantages of one policy batch with the batch's mean reward as the baseline and no critic, broadcast over each
+    rollout's policy tokens.  rewards [B], policy_mask [B, T] -> [B, T].  The batch is every rollout of one policy
+    step, of any group size (the controls for a critic at G = 1):
 
-
-def batch_baseline_advantages(rewards: Tensor, policy_mask: Tensor, baseline: str) -> Tensor:
-    """Advantages of one policy batch with a batch-wide baseline and no critic, broadcast over each rollout's policy
-    tokens.  rewards [B], policy_mask [B, T] -> [B, T].  The batch is every rollout of one policy step, of any
-    group size (the controls for a critic at G = 1):
-
-        batch_mean:  A_i = R_i − (1/B) · Σ_j R_j
-        batch_loo:   A_i = R_i − (1/(B−1)) · Σ_{j≠i} R_j  = B/(B−1) · (R_i − mean R)   (leave-one-out)
-        reinforce:   A_i = R_i                                                           (no baseline)
+        plain:          A_i = R_i − (1/B) · Σ_j R_j
+        leave-one-out:  A_i = R_i − (1/(B−1)) · Σ_{j≠i} R_j  = B/(B−1) · (R_i − mean R)
 
     A batch of one has no other rollout: its leave-one-out baseline is its own reward (advantage 0), as in
-    `group_mean_baseline`.
+    `group_mean_baseline`. (Without a baseline, REINFORCE, the advantage is `per_token(rewards, policy_mask)`.)
     """
-    assert baseline in BATCH_BASELINES, f"baseline {baseline!r} is not one of {BATCH_BASELINES}"
-    if baseline == "reinforce":
-        advantage = rewards
-    else:
-        one_group = torch.zeros(rewards.shape, dtype=torch.long, device=rewards.device)
-        advantage = rewards - group_mean_baseline(rewards, one_group, leave_one_out=baseline == "batch_loo")
+    one_group = torch.zeros(rewards.shape, dtype=torch.long, device=rewards.device)
+    return per_token(rewards - group_mean_baseline(rewards, one_group, leave_one_out), policy_mask)
+
+
+def per_token(advantage: Tensor, policy_mask: Tensor) -> Tensor:
+    """One advantage per rollout on each of its policy tokens, exactly 0 elsewhere.  [B], [B, T] -> [B, T]."""
     mask = policy_mask.bool()
-    per_token = advantage[:, None].expand(mask.shape)
-    return torch.where(mask, per_token, torch.zeros_like(per_token))
+    expanded = advantage[:, None].expand(mask.shape)
+    return torch.where(mask, expanded, torch.zeros_like(expanded))
 
 
 TETHER_MODES = ("group", "running")
@@ -369,6 +365,44 @@ def tether_advantages(
     advantages, _ = gae(rewards, blended, mask, gamma, lam, bootstrap, cut)
     return advantages, weight
 
+
+def linear_mix_advantages(
+    rewards: Tensor,
+    values: Tensor,
+    group_ids: list | Tensor,
+    policy_mask: Tensor,
+    *,
+    alpha: float,
+    gamma: float = 1.0,
+    lam: float | Tensor = 1.0,
+    bootstrap: Tensor | None = None,
+    cut: Tensor | None = None,
+    leave_one_out: bool = False,
+) -> Tensor:
+    """A convex blend of the group advantage and the value advantage, on every policy token.
+
+        b_i  = group-mean baseline of rollout i (``group_mean_baseline``, optionally leave-one-out)
+        A_t  = α·(R_i − b_i) + (1 − α)·GAE_t      GAE_t = gae(R, V, γ, λ).advantages at i's policy tokens
+
+    α = 1 is the group advantage alone (``grpo_advantages`` without std, or its leave-one-out form), α = 0 the value
+    advantage alone (``gae``). Unlike tether's, the weight is fixed: it does not follow the critic's accuracy. A
+    rollout the critic's context cut keeps its reward in the group term (the verifier scored the whole reply) while
+    GAE bootstraps with V(s_cut); the tokens after the cut are off ``policy_mask`` and get 0. A group of one has
+    b_i = R_i, so only (1 − α)·GAE_t is left.
+
+    Args:
+        rewards [B], values [B, T] (any value off-mask), group_ids [B], policy_mask [B, T]; alpha in [0, 1];
+        gamma, lam, bootstrap and cut as in ``gae``.
+
+    Returns:
+        advantages [B, T], 0 off-mask.
+    """
+    assert 0.0 <= alpha <= 1.0, f"alpha must be in [0, 1], got {alpha}"
+    rewards = _per_rollout(rewards, values.shape[0], values, "rewards")
+    index, _ = _group_index(group_ids, rewards)
+    group_advantage = per_token(rewards - group_mean_baseline(rewards, index, leave_one_out), policy_mask)
+    value_advantage, _ = gae(rewards, values, policy_mask, gamma, lam, bootstrap, cut)
+    return alpha * group_advantage + (1.0 - alpha) * value_advantage
 
 def whiten(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     """Zero mean, unit std over masked tokens; exactly 0 off-mask.  [B, T] -> [B, T].

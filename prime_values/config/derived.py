@@ -17,7 +17,8 @@ class Resolved:
     """Derived when the run is prepared and saved with it (a value given on the command line is replaced)."""
 
     uses_critic: bool = MISSING
-    """the run has a critic (value trainer, evaluators, critic warm start): advantage.estimator is 'gae' or 'tether'"""
+    """the run has a critic (value trainer, evaluators, critic warm start): advantage.estimator is one whose
+    class says `uses_critic` (prime_values/algo/estimators.py: gae, tether, linear_mix, or a user's own)"""
     lockstep: bool = MISSING
     """the lockstep schedule runs: schedule.mode == 'lockstep'"""
     max_off_policy: int = MISSING

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict
 
 from prime_values import backends
-from prime_values.config.advantage import BATCH_MEANS
+from prime_values.config.advantage import ESTIMATORS, estimator_class
 from prime_values.config.base import ConfigError, choice, ranged
 
 
@@ -23,11 +23,13 @@ class InferenceConfig:
     """vllm: extra keyword arguments of vllm.LLM, e.g. {gpu_memory_utilization: 0.3, max_model_len: 4096,
     enforce_eager: true} (a CPU engine's KV cache defaults to kv_cache_memory_bytes=1 GiB)"""
     group_size: int = ranged(8, ">= 1")
-    """completions sampled per prompt (one group); >= 1, and >= 2 for advantage=grpo (gae and tether baseline a
-    group of one with the critic)"""
+    """completions sampled per prompt (one group); >= 1, and at least what the estimator needs (its class's
+    min_group_size: 2 for grpo and linear_mix, whose group mean of one rollout is its own reward; gae and tether
+    baseline a group of one with the critic)"""
     prompts_per_step: int = ranged(16, ">= 1")
-    """prompts per policy step across all workers; a batch has prompts_per_step x group_size rollouts (>= 2 for
-    advantage=batch_mean and batch_loo, whose baseline is a mean over the batch)"""
+    """prompts per policy step across all workers; a batch has prompts_per_step x group_size rollouts, at least
+    what the estimator needs (its class's min_batch_size: 2 for batch_mean and batch_loo, whose baseline is a mean
+    over the batch)"""
     temperature: float = ranged(1.0, "> 0")
     """sampling temperature (the policy trainer recomputes logprobs at the same temperature)"""
     max_new_tokens: int = ranged(8, ">= 1")
@@ -35,18 +37,22 @@ class InferenceConfig:
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        inference = cfg.inference
-        if inference.group_size < 2 and cfg.advantage.estimator == "grpo":
-            raise ConfigError(f"inference.group_size={inference.group_size} must be >= 2 for advantage=grpo (a group "
-                              "mean of one is the reward: every advantage would be 0); raise inference.group_size or "
-                              "use advantage=gae or tether, whose critic baselines a group of one")
+        inference, name = cfg.inference, cfg.advantage.estimator
+        estimator = estimator_class(name)  # the ConfigError of a name that names no estimator, before anything else
+        if inference.group_size < estimator.min_group_size:
+            raise ConfigError(f"inference.group_size={inference.group_size} must be >= {estimator.min_group_size} for "
+                              f"advantage={name}, whose group baseline needs that many rollouts of a prompt (the mean "
+                              "of one rollout is its own reward: every advantage would be 0); raise "
+                              f"inference.group_size or use advantage={_critic_baselines()}, whose critic baselines a "
+                              "group of one")
         rollouts = inference.prompts_per_step * inference.group_size
-        if rollouts < 2 and cfg.advantage.estimator in BATCH_MEANS:
+        if rollouts < estimator.min_batch_size:
             raise ConfigError(f"inference.prompts_per_step={inference.prompts_per_step} x inference.group_size="
-                              f"{inference.group_size} is a batch of one rollout, too few for advantage="
-                              f"{cfg.advantage.estimator} (a batch of one is its own baseline: every advantage would "
-                              "be 0); raise inference.prompts_per_step or inference.group_size so a batch has >= 2 "
-                              "rollouts, or use advantage=gae or tether, whose critic baselines a batch of one")
+                              f"{inference.group_size} is a batch of {rollouts} rollout{'s' * (rollouts != 1)}, too few for advantage="
+                              f"{name} (a batch of one is its own baseline: every advantage would be 0); raise "
+                              "inference.prompts_per_step or inference.group_size so a batch has >= "
+                              f"{estimator.min_batch_size} rollouts, or use advantage={_critic_baselines()}, whose "
+                              "critic baselines a batch of one")
         if environment:
             InferenceConfig.check_backend(cfg)
         workers = cfg.topology.inference_workers
@@ -69,6 +75,13 @@ class InferenceConfig:
         if tp < 1 or (tp > 1 and name != "vllm"):
             raise ConfigError(f"topology.inference_tp={tp} must be >= 1, and > 1 only with inference=vllm (the hf "
                               "backend runs on one device)")
-        if name == "vllm" and cfg.task.name == "verifiers":
-            raise ConfigError("task=verifiers rolls out its episodes through the transformers model; use "
+        if name == "vllm" and cfg.task.name in backends.TURN_TASKS:
+            raise ConfigError(f"task={cfg.task.name} rolls out its episodes through the transformers model; use "
                               "inference=hf with it (inference=vllm samples single-turn replies)")
+
+
+def _critic_baselines() -> str:
+    """The registered estimators whose critic baselines a lone rollout: 'gae or tether'."""
+    names = [name for name, cls in ESTIMATORS.items()
+             if cls.uses_critic and cls.min_group_size == 1 and cls.min_batch_size == 1]
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]

@@ -192,7 +192,7 @@ def _check_lora(cfg, environment: bool) -> None:
 # Every cross-field check, in the order validate runs them (after every field's own rules): each section's, the
 # task's own rules, the embedded model's token budgets, the stages'. Nothing is validated outside this tuple.
 CHECKS = (LauncherConfig.check, CriticConfig.check, PolicyConfig.check, PolicyConfig.check_attention,
-          TinyArch.check, InferenceConfig.check, ReplayConfig.check, _check_task, _check_budget, _check_lora,
+          TinyArch.check, AdvantageConfig.check, InferenceConfig.check, ReplayConfig.check, _check_task, _check_budget, _check_lora,
           ScheduleConfig.check, TopologyConfig.check, EvalConfig.check, WandbConfig.check, check_stages,
           SFTConfig.check)
 

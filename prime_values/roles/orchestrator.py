@@ -1,28 +1,31 @@
 """Orchestrator: join rollouts with their values, turn them into advantages and value targets, batch them.
 
-Rollouts arrive per group (all completions of one prompt). A group is complete when every rollout has
-its values (advantage=gae) or simply when it has arrived (advantage=grpo, no critic). Complete groups get
-per-token advantages (GAE with lambda_policy) and value targets (GAE with lambda_value); the targets of
-every complete group go to `log/targets` for the value trainer, the groups fresh enough for the next
-step go into batch `n` of `log/batches`: a rollout from policy version v is admitted to batch n only while
-(n - 1) - v <= schedule.max_off_policy.
+Rollouts arrive per group (all completions of one prompt). A group is complete when every rollout has its values
+(an estimator that uses the critic) or simply when it has arrived (one that does not). The run's estimator
+(advantage.estimator: prime_values/algo/estimators.py) scores each complete group into a `ScoredGroup`: per-token
+advantages and, with a critic, value targets; the targets of every complete group go to `log/targets` for the value
+trainer, the groups fresh enough for the next step go into batch `n` of `log/batches` (after the estimator's
+`finish_batch`: the batch baselines subtract a statistic of the whole batch there): a rollout from policy version v
+is admitted to batch n only while (n - 1) - v <= schedule.max_off_policy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
-from prime_values.algo.gae import (BATCH_BASELINES, adaptive_lambda, advantages_and_targets,
-                                   batch_baseline_advantages, explained_variance, grpo_advantages,
-                                   tether_advantages, whiten)
+from prime_values.algo.estimators import Estimator, Group
 from prime_values.algo.ev import ev_sums
+from prime_values.algo.gae import explained_variance, whiten
+from prime_values.config.advantage import make_estimator
 from prime_values.critic_io import padded
-from prime_values.log import LogReader, to_rows
+from prime_values.log import to_rows
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.rundir import write_atomic
@@ -67,102 +70,169 @@ class GroupJoin:
         self.waiting_rollouts = sum(map(len, self.groups.values()))
         return complete
 
+    def held_rollout_ids(self) -> list[str]:
+        """The rollouts waiting for the rest of their group (or for their values)."""
+        return [r["rollout_id"] for rollouts in self.groups.values() for r in rollouts]
 
-def score_group(rollouts: list[dict], values: list[dict] | None, cfg, critic_ev: float | None = None
-                ) -> dict[str, torch.Tensor]:
-    """Per-token advantages [G, T] and value targets [G, T] of one complete group (docs/design.md §3).
+    def held_value_ids(self) -> list[str]:
+        """The rollouts whose values row waits for the rest of its group."""
+        return list(self.values)
 
-    `critic_ev`: the critic's recent explained variance, used by advantage=tether: the weight of every group with
-    tether_mode=running, of a group whose returns do not vary with tether_mode=group (None: weight 0 there)."""
-    adv_cfg = cfg.advantage
+
+class SegmentPositions:
+    """Which log segment each row still held in memory came from, by rollout id (one instance per stream): a
+    stream's cursor is committed no further than the oldest segment whose rows are held, so a restarted
+    orchestrator re-reads every group it had not finished instead of losing it."""
+
+    def __init__(self) -> None:
+        self.position: dict[str, tuple[str, int]] = {}
+
+    def rows(self, segments) -> list[dict]:
+        """The rows of polled segments, noting each one's (shard, seq); a row read again keeps its first position."""
+        rows = []
+        for segment in segments:
+            for row in to_rows(segment.table):
+                self.position.setdefault(row["rollout_id"], (segment.shard, segment.seq))
+                rows.append(row)
+        return rows
+
+    def held(self, rollout_ids) -> dict[str, int]:
+        """{shard: oldest seq} of the rows of `rollout_ids` (those still held); the others are forgotten (used)."""
+        kept = {rid: self.position[rid] for rid in rollout_ids if rid in self.position}
+        self.position = kept
+        oldest: dict[str, int] = {}
+        for shard, seq in kept.values():
+            oldest[shard] = min(seq, oldest.get(shard, seq))
+        return oldest
+
+
+@dataclass
+class ScoredGroup:
+    """One complete group after its estimator scored it: its log rows and its per-token tensors [G, T], T the
+    length of its longest trace."""
+
+    rollouts: list[dict]
+    """its rows of log/rollouts, in arrival order"""
+    values: list[dict] | None
+    """their rows of log/values in the same order (None: the estimator uses no critic)"""
+    mask: torch.Tensor
+    """[G, T] bool: the tokens that get an advantage (the policy's; with a critic, those the critic valued)"""
+    advantages: torch.Tensor
+    """[G, T] the policy's advantages, 0 off the mask"""
+    targets: torch.Tensor | None = None
+    """[G, T] the critic's value targets (None without a critic)"""
+    critic_values: torch.Tensor | None = None
+    """[G, T] the critic's values at scoring time (None without a critic)"""
+    stats: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    """[G] the estimator's per-rollout figures, logged as `<name>_mean` per batch (tether: tether_weight)"""
+
+    @property
+    def shard(self) -> str:
+        """the inference worker's log shard the group came from"""
+        return self.rollouts[0]["shard"]
+
+    @property
+    def policy_version(self) -> int:
+        """the policy version that sampled the group"""
+        return self.rollouts[0]["policy_version"]
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        return [r["rollout_id"] for r in self.rollouts]
+
+    @property
+    def critic_versions(self) -> list[int]:
+        """the critic version behind each rollout's values (-1 without a critic)"""
+        return [v["critic_version"] for v in self.values] if self.values is not None else [-1] * len(self.rollouts)
+
+
+def score_group(rollouts: list[dict], values: list[dict] | None, estimator: Estimator,
+                critic_ev: float = math.nan) -> ScoredGroup:
+    """One complete group scored by `estimator`: per-token advantages [G, T] and, with the critic's values, value
+    targets [G, T] (docs/design.md §3). `critic_ev`: the critic's recent explained variance, for an estimator that
+    reads it (tether; nan: none yet)."""
     mask = padded(rollouts, "policy_mask", torch.bool)
     rewards = torch.tensor([r["reward"] for r in rollouts], dtype=torch.float32)
     group_ids = torch.zeros(len(rollouts), dtype=torch.long)  # one group per call
-    if values is None and adv_cfg.estimator in BATCH_BASELINES:  # the baseline needs the whole batch: `baselined`
-        return {"advantages": batch_baseline_advantages(rewards, mask, "reinforce"), "targets": None, "values": None,
-                "mask": mask}
-    if values is None:  # grpo: the group mean is the baseline, no critic involved
-        advantages = grpo_advantages(rewards, group_ids, mask, normalize_std=adv_cfg.grpo_std)
-        return {"advantages": advantages, "targets": None, "values": None, "mask": mask}
+    if values is None:
+        scores = estimator.score(Group(rewards, mask, group_ids, critic_ev=critic_ev))
+        return _checked(ScoredGroup(rollouts, None, mask, scores.advantages, stats=scores.stats), estimator)
     v = padded(values, "values", torch.float32, length=mask.shape[1])
     # a trace the critic's context cut: GAE runs over the tokens it saw and bootstraps with V(s_cut); the
     # tokens after the cut get no advantage (no value exists for them). A generation cap is never a cut.
     cut = torch.tensor([bool(x["cut"]) for x in values])
     valued = torch.tensor([x["valued_tokens"] for x in values])
     mask = mask & (torch.arange(mask.shape[1])[None, :] < valued[:, None])
-    ends = {"bootstrap": torch.tensor([x["bootstrap_value"] for x in values], dtype=torch.float32), "cut": cut}
-    lambda_policy = adaptive_lambda(mask.sum(dim=1), adv_cfg.adaptive_alpha) if adv_cfg.adaptive_alpha > 0 \
-        else adv_cfg.lambda_policy
-    advantages, targets = advantages_and_targets(rewards, v, mask, gamma=adv_cfg.gamma, lambda_policy=lambda_policy,
-                                                 lambda_value=adv_cfg.lambda_value, **ends)
-    scored = {"advantages": advantages, "targets": targets, "values": v, "mask": mask}
-    if adv_cfg.estimator == "tether":
-        scored["advantages"], weight = tether_advantages(rewards, v, group_ids, mask, mode=adv_cfg.tether_mode,
-                                                         critic_ev=critic_ev, gamma=adv_cfg.gamma, lam=lambda_policy,
-                                                         **ends)
-        scored["tether_weight"] = weight
-    return scored
+    bootstrap = torch.tensor([x["bootstrap_value"] for x in values], dtype=torch.float32)
+    scores = estimator.score(Group(rewards, mask, group_ids, v, bootstrap, cut, critic_ev))
+    return _checked(ScoredGroup(rollouts, values, mask, scores.advantages, scores.targets, v, scores.stats),
+                    estimator)
 
 
-def score_groups(complete: list[tuple[list[dict], list[dict] | None]], cfg, recent: deque):
-    """Score complete groups in order, yielding {"rollouts", "values", "scored"} each; a group with values joins
-    `recent` (the critic's latest scored groups) after it is scored. advantage=tether gets the critic's explained
-    variance on `recent` as it was before the group: the weight of every group with tether_mode=running, and with
-    tether_mode=group the weight of a group whose returns do not vary (docs/value_functions.md, "Estimators")."""
-    tether = cfg.advantage.estimator == "tether"
+def _checked(group: ScoredGroup, estimator: Estimator) -> ScoredGroup:
+    """The scored group, after checking what its estimator returned has the group's shape."""
+    name, shape = type(estimator).__name__, tuple(group.mask.shape)
+    if tuple(group.advantages.shape) != shape:
+        raise ValueError(f"estimator {name} returned advantages of shape {tuple(group.advantages.shape)} for a "
+                         f"group of shape {shape}; return one advantage per token of the policy mask")
+    if group.values is not None and (group.targets is None or tuple(group.targets.shape) != shape):
+        raise ValueError(f"estimator {name} uses the critic but returned no value targets of shape {shape}; return "
+                         "Scores(advantages, value_targets(settings, group))")
+    return group
+
+
+def score_groups(complete: list[tuple[list[dict], list[dict] | None]], estimator: Estimator, recent: deque):
+    """Score complete groups in order, yielding a ScoredGroup each; a group with values joins `recent` (the critic's
+    latest scored groups) after it is scored. An estimator that reads the critic's explained variance (tether) gets
+    it on `recent` as it was before the group (docs/value_functions.md, "Estimators")."""
     for group_rollouts, group_values in complete:
         # nothing scored yet: undefined (nan), which tether reads as weight 0 (the group mean)
-        critic_ev = (recent_explained_variance(recent) if recent else math.nan) if tether else None
-        group = {"rollouts": group_rollouts, "values": group_values,
-                 "scored": score_group(group_rollouts, group_values, cfg, critic_ev)}
+        critic_ev = recent_explained_variance(recent) if estimator.uses_critic_ev and recent else math.nan
+        group = score_group(group_rollouts, group_values, estimator, critic_ev)
         if group_values is not None:
             recent.append(group)
         yield group
 
 
-def baselined(groups: list[dict], estimator: str) -> list[dict]:
-    """The groups of one policy batch with a batch-wide baseline (advantage=batch_mean / batch_loo / reinforce)
-    replacing their raw-reward advantages; the groups of any other estimator unchanged."""
-    if estimator not in BATCH_BASELINES:
-        return groups
-    rewards = torch.tensor([r["reward"] for g in groups for r in g["rollouts"]], dtype=torch.float32)
-    advantages = batch_baseline_advantages(rewards, _cat(groups, "mask"), estimator)
+def finish_batch(groups: list[ScoredGroup], estimator: Estimator) -> list[ScoredGroup]:
+    """The groups of one policy batch with the estimator's `finish_batch` applied to their advantages (the batch
+    baselines subtract a statistic of the whole batch's rewards; the other estimators keep the scored ones)."""
+    rewards = torch.tensor([r["reward"] for g in groups for r in g.rollouts], dtype=torch.float32)
+    advantages = estimator.finish_batch(rewards, _cat(groups, "advantages"), _cat(groups, "mask"))
     out, b = [], 0
     for g in groups:
-        n, width = len(g["rollouts"]), g["scored"]["mask"].shape[1]
-        out.append({**g, "scored": {**g["scored"], "advantages": advantages[b: b + n, :width]}})
+        n, width = len(g.rollouts), g.mask.shape[1]
+        out.append(dataclasses.replace(g, advantages=advantages[b: b + n, :width]))
         b += n
     return out
 
 
-def target_rows(rollouts, values, scored) -> list[dict]:
+def target_rows(group: ScoredGroup) -> list[dict]:
     now = time.time()
     return [{
         "rollout_id": r["rollout_id"], "group_id": r["group_id"], "policy_version": r["policy_version"],
         "critic_version": v["critic_version"], "token_ids": r["token_ids"], "policy_mask": r["policy_mask"],
         "privileged": r["privileged"], "reward": r["reward"], "values": v["values"],
-        "value_targets": scored["targets"][b, : len(r["token_ids"])].tolist(), "token_digest": v["token_digest"],
+        "value_targets": group.targets[b, : len(r["token_ids"])].tolist(), "token_digest": v["token_digest"],
         "created_at": now,
-    } for b, (r, v) in enumerate(zip(rollouts, values))]
+    } for b, (r, v) in enumerate(zip(group.rollouts, group.values))]
 
 
-def batch_rows(step: int, groups: list[dict], whiten_advantages: bool) -> list[dict]:
+def batch_rows(step: int, groups: list[ScoredGroup], whiten_advantages: bool) -> list[dict]:
     """The rows of batch `step`: every rollout of the admitted groups with its advantages."""
-    rollouts = [r for g in groups for r in g["rollouts"]]
+    rollouts = [r for g in groups for r in g.rollouts]
     length = max(len(r["token_ids"]) for r in rollouts)
     advantages = torch.zeros((len(rollouts), length))
     mask = torch.zeros((len(rollouts), length), dtype=torch.bool)
     b = 0
     for g in groups:
-        a, m = g["scored"]["advantages"], g["scored"]["mask"]
+        a, m = g.advantages, g.mask
         advantages[b: b + len(a), : a.shape[1]] = a
         mask[b: b + len(a), : m.shape[1]] = m
         b += len(a)
     if whiten_advantages:
         advantages = whiten(advantages, mask)
-    with_critic = groups[0]["values"] is not None
-    critic_versions = [v["critic_version"] for g in groups for v in g["values"]] if with_critic \
-        else [-1] * len(rollouts)
+    critic_versions = [c for g in groups for c in g.critic_versions]
     return [{
         "step": step, "rollout_id": r["rollout_id"], "policy_version": r["policy_version"],
         "critic_version": critic_versions[b], "token_ids": r["token_ids"], "policy_mask": r["policy_mask"],
@@ -171,17 +241,17 @@ def batch_rows(step: int, groups: list[dict], whiten_advantages: bool) -> list[d
     } for b, r in enumerate(rollouts)]
 
 
-def _cat(groups: list[dict], key: str) -> torch.Tensor:
-    """One scored field of several groups, right-padded to a common width: [sum G, T]."""
-    width = max(g["scored"]["mask"].shape[1] for g in groups)
-    return torch.cat([torch.nn.functional.pad(g["scored"][key], (0, width - g["scored"][key].shape[1]))
-                      for g in groups])
+def _cat(groups: list[ScoredGroup], name: str) -> torch.Tensor:
+    """One [G, T] tensor of several groups (`mask`, `advantages`, `targets`, `critic_values`), right-padded to a
+    common width: [sum G, T]."""
+    width = max(g.mask.shape[1] for g in groups)
+    return torch.cat([torch.nn.functional.pad(getattr(g, name), (0, width - g.mask.shape[1])) for g in groups])
 
 
 def recent_explained_variance(recent: deque) -> float:
     """The critic's explained variance on the last scored groups (values at scoring time vs their targets)."""
     groups = list(recent)
-    return explained_variance(_cat(groups, "values"), _cat(groups, "targets"), _cat(groups, "mask"))
+    return explained_variance(_cat(groups, "critic_values"), _cat(groups, "targets"), _cat(groups, "mask"))
 
 
 class WarmupGate:
@@ -197,13 +267,13 @@ class WarmupGate:
         self.is_open = self.file.exists() or (self.min_version <= 0 and self.min_ev is None)
         self.scored = 0
 
-    def admit(self, group: dict, recent: deque) -> bool:
+    def admit(self, group: ScoredGroup, recent: deque) -> bool:
         """Observe a scored group (`recent`: the last scored groups, this one included); True when it may go
         into policy batches."""
         if self.is_open:
             return True
-        self.scored += len(group["rollouts"])
-        version = max(v["critic_version"] for g in recent for v in g["values"])
+        self.scored += len(group.rollouts)
+        version = max(c for g in recent for c in g.critic_versions)
         ev = recent_explained_variance(recent)
         good = version >= self.min_version and (
             self.min_ev is None or (len(recent) == recent.maxlen and ev >= self.min_ev))
@@ -234,13 +304,14 @@ class CriticProvenance:
         return self.cache[version]
 
 
-def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = None,
+def batch_metrics(step: int, groups: list[ScoredGroup], newest_critic: int | None = None,
                   provenance: CriticProvenance | None = None) -> dict:
     """Policy-side and critic-health figures of one batch (docs/design.md §3): reward, off-policy lag, advantage
     statistics, and, with a critic, explained variance on fresh rollouts, mean value vs mean return at the
-    first policy token, and how many critic versions behind the newest the values were scored."""
-    rewards = [r["reward"] for g in groups for r in g["rollouts"]]
-    versions = [r["policy_version"] for g in groups for r in g["rollouts"]]
+    first policy token, and how many critic versions behind the newest the values were scored; and the mean of each
+    per-rollout figure the estimator reports (`<name>_mean`: tether_weight_mean)."""
+    rewards = [r["reward"] for g in groups for r in g.rollouts]
+    versions = [r["policy_version"] for g in groups for r in g.rollouts]
     mask, advantages = _cat(groups, "mask"), _cat(groups, "advantages")
     a = advantages[mask]
     out = {"step": step, "reward_mean": sum(rewards) / len(rewards),
@@ -248,11 +319,11 @@ def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = Non
            "off_policy_max": max((step - 1) - v for v in versions),
            "advantage_mean": a.mean().item(), "advantage_std": a.std().item() if a.numel() > 1 else 0.0,
            "advantage_abs_mean": a.abs().mean().item(), "advantage_positive": (a > 0).float().mean().item()}
-    sized = [[r["reward"] for r in g["rollouts"]] for g in groups if len(g["rollouts"]) > 1]
+    sized = [[r["reward"] for r in g.rollouts] for g in groups if len(g.rollouts) > 1]
     if sized:  # groups whose rewards are all equal: a group-mean baseline gives them advantage 0
         out["groups_equal_reward"] = sum(max(r) == min(r) for r in sized) / len(sized)
-    if groups[0]["values"] is not None:
-        values, targets = _cat(groups, "values"), _cat(groups, "targets")
+    if groups[0].values is not None:
+        values, targets = _cat(groups, "critic_values"), _cat(groups, "targets")
         first = mask.float().argmax(dim=1)  # the first policy token of each rollout
         rows = torch.arange(len(first))
         # values were predicted before the critic trained on these rollouts: a fresh-data measurement
@@ -260,9 +331,7 @@ def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = Non
         out["critic_ev_sums"] = ev_sums(values, targets, mask)  # pooled over the run's last batches in the report
         out["value_first_mean"] = values[rows, first].mean().item()
         out["return_first_mean"] = targets[rows, first].mean().item()
-        if "tether_weight" in groups[0]["scored"]:
-            out["tether_weight_mean"] = torch.cat([g["scored"]["tether_weight"] for g in groups]).mean().item()
-        critic_versions = [v["critic_version"] for g in groups for v in g["values"]]
+        critic_versions = [c for g in groups for c in g.critic_versions]
         out["critic_version_mean"] = sum(critic_versions) / len(critic_versions)
         if newest_critic is not None:
             lags = [newest_critic - v for v in critic_versions]
@@ -271,27 +340,9 @@ def batch_metrics(step: int, groups: list[dict], newest_critic: int | None = Non
         stale = [(step - 1) - s for s in seen if s is not None]
         if stale:  # policy versions between what the critic had trained on and the policy being updated
             out["value_staleness_mean"], out["value_staleness_max"] = sum(stale) / len(stale), max(stale)
+    for name in groups[0].stats:
+        out[f"{name}_mean"] = torch.cat([g.stats[name] for g in groups]).mean().item()
     return out
-
-
-def _tagged(segments) -> list[dict]:
-    """Rows of polled segments, each tagged with the (shard, seq) it came from (see `held_positions`)."""
-    rows = []
-    for segment in segments:
-        for row in to_rows(segment.table):
-            row["_from"] = (segment.shard, segment.seq)
-            rows.append(row)
-    return rows
-
-
-def held_positions(rows) -> dict[str, int]:
-    """{shard: oldest seq} of rows still held in memory: the cursor is committed no further, so a restarted
-    orchestrator re-reads every group it had not finished instead of losing it."""
-    held: dict[str, int] = {}
-    for row in rows:
-        shard, seq = row["_from"]
-        held[shard] = min(seq, held.get(shard, seq))
-    return held
 
 
 class ReadyGroups:
@@ -304,18 +355,18 @@ class ReadyGroups:
         self.queues: dict[str, deque] = {f"w{w}": deque() for w in range(workers)}
         self.per_worker = per_worker
 
-    def add(self, group: dict) -> None:
-        self.queues[group["rollouts"][0]["shard"]].append(group)
+    def add(self, group: ScoredGroup) -> None:
+        self.queues[group.shard].append(group)
 
     def drop_stale(self, step: int, max_off_policy: int) -> int:
         """Drop the groups too far behind for `step` (oldest first in each queue); returns the rollouts dropped."""
         dropped = 0
         for queue in self.queues.values():
-            while queue and (step - 1) - queue[0]["rollouts"][0]["policy_version"] > max_off_policy:
-                dropped += len(queue.popleft()["rollouts"])
+            while queue and (step - 1) - queue[0].policy_version > max_off_policy:
+                dropped += len(queue.popleft().rollouts)
         return dropped
 
-    def take(self) -> list[dict] | None:
+    def take(self) -> list[ScoredGroup] | None:
         """The next batch's groups (worker by worker), or None while some worker has fewer than its share."""
         if any(len(queue) < self.per_worker for queue in self.queues.values()):
             return None
@@ -323,6 +374,10 @@ class ReadyGroups:
 
     def __iter__(self):
         return (group for queue in self.queues.values() for group in queue)
+
+    def rollout_ids(self) -> list[str]:
+        """The rollouts of every waiting group."""
+        return [rid for group in self for rid in group.rollout_ids]
 
     def __len__(self) -> int:
         return sum(map(len, self.queues.values()))
@@ -332,7 +387,7 @@ def already_used(ctx: RoleContext, needs_values: bool) -> tuple[set[str], set[st
     """(rollout ids in published batches, group ids whose targets were published): what a restarted
     orchestrator must not batch or send to the value trainer again."""
     def ids(stream: str, column: str) -> set[str]:
-        reader = LogReader(ctx.run.stream(stream), f"orchestrator.restart.{stream}", ctx.run.cursors, stream)
+        reader = ctx.reader(stream, f"orchestrator.restart.{stream}")
         return {x for segment in reader.poll() for x in segment.table.column(column).to_pylist()}  # never commits
     return ids("batches", "rollout_id"), (ids("targets", "group_id") if needs_values else set())
 
@@ -348,7 +403,12 @@ def main(run_dir: str) -> None:
     ctx = RoleContext(run_dir, "orchestrator")
     cfg = ctx.cfg
     timers = Timers()
+    estimator = make_estimator(cfg.advantage)
     needs_values, max_off_policy = cfg.resolved.uses_critic, cfg.resolved.max_off_policy
+    if bool(estimator.uses_critic) != needs_values:
+        raise ValueError(f"advantage.estimator={cfg.advantage.estimator} has uses_critic={estimator.uses_critic} "
+                         f"but the run was prepared with resolved.uses_critic={needs_values} (the class changed "
+                         "since); start a new run")
     rollouts = ctx.reader("rollouts", "orchestrator")
     values = ctx.reader("values", "orchestrator.values") \
         if needs_values else None
@@ -361,32 +421,32 @@ def main(run_dir: str) -> None:
     join = GroupJoin(cfg.inference.group_size, needs_values, done=set(batched))
     gate = WarmupGate(cfg, ctx.run) if needs_values else None
     provenance = CriticProvenance(ctx.run.weights("critic")) if needs_values else None
-    recent: deque[dict] = deque(maxlen=cfg.inference.prompts_per_step)  # the critic's latest scored groups
+    recent: deque[ScoredGroup] = deque(maxlen=cfg.inference.prompts_per_step)  # the critic's latest scored groups
     workers = cfg.topology.inference_workers
     ready = ReadyGroups(workers, cfg.inference.prompts_per_step // workers)
     step = batches.next_seq + 1  # batch n is segment n - 1 of the batches stream
     dropped_stale = dropped_warmup = 0
+    rollouts_at, values_at = SegmentPositions(), SegmentPositions()  # where the rows held in memory came from
 
     while not ctx.stopping():
         with timers.time("io"):
             new = rollouts.poll()
             new_values = values.poll() if values else []
         began = time.perf_counter()
-        join.add_rollouts(_tagged(new))
-        join.add_values(_tagged(new_values))
+        join.add_rollouts(rollouts_at.rows(new))
+        join.add_values(values_at.rows(new_values))
         complete = join.pop_complete()
         scored_rows = []
-        for group in score_groups(complete, cfg, recent):
-            group_rollouts, group_values, scored = group["rollouts"], group["values"], group["scored"]
+        for group in score_groups(complete, estimator, recent):
             if gate is None or gate.admit(group, recent):
                 ready.add(group)
             else:
-                dropped_warmup += len(group_rollouts)
+                dropped_warmup += len(group.rollouts)
                 if gate.is_open:
                     ctx.log.info("critic warm-up done: %s", gate.reason)
                     ctx.metrics.log(warmup_done=True, warmup_rollouts=gate.scored)
-            if group_values is not None and group_rollouts[0]["group_id"] not in targeted:
-                scored_rows += target_rows(group_rollouts, group_values, scored)
+            if group.values is not None and group.rollouts[0]["group_id"] not in targeted:
+                scored_rows += target_rows(group)
         timers.add("compute", time.perf_counter() - began)
         if scored_rows:
             with timers.time("io"):
@@ -396,8 +456,8 @@ def main(run_dir: str) -> None:
             groups = ready.take()
             if groups is None:
                 break
-            groups = baselined(groups, cfg.advantage.estimator)
             with timers.time("compute"):
+                groups = finish_batch(groups, estimator)
                 rows = batch_rows(step, groups, cfg.advantage.whiten)
             with timers.time("io"):
                 batches.append(rows)
@@ -409,11 +469,9 @@ def main(run_dir: str) -> None:
             step += 1
         if new or new_values:
             with timers.time("io"):
-                held = [r for g in join.groups.values() for r in g] + [r for g in ready for r in g["rollouts"]]
-                rollouts.commit(hold=held_positions(held))
+                rollouts.commit(hold=rollouts_at.held([*join.held_rollout_ids(), *ready.rollout_ids()]))
                 if values:
-                    values.commit(hold=held_positions([*join.values.values(),
-                                                       *(v for g in ready for v in g["values"])]))
+                    values.commit(hold=values_at.held([*join.held_value_ids(), *ready.rollout_ids()]))
         else:
             ctx.doing(f"waiting for the groups of batch {step}" if step <= cfg.steps else "all batches written",
                       **({"note": f"{len(ready)}/{cfg.inference.prompts_per_step} ready"} if step <= cfg.steps else {}))
