@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prime_values.algo.gae import adaptive_lambda, gae  # noqa: E402
+from prime_values.algo.gae import adaptive_lambda, gae
 
 GOAL = 10.0  # the goal: the vectorised GAE is >= 10x faster than the per-timestep loop
 

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_peak import compose  # noqa: E402
+from bench.bench_peak import compose
 
 
 def evaluate(model, tokenizer, task, problems, max_new_tokens: int, batch_size: int, new: bool) -> dict:

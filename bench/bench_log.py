@@ -36,9 +36,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prime_values.log import LogReader, SegmentWriter, per_token, to_table  # noqa: E402
-from prime_values.log.fsutil import fsync_dir  # noqa: E402
-from prime_values.log.records import token_digest  # noqa: E402
+from prime_values.log import LogReader, SegmentWriter, per_token, to_table
+from prime_values.log.records import token_digest
 
 
 def make_segments(n_segments, per_segment, n_tokens, seed=0):
@@ -291,8 +290,8 @@ def main():
         cpu = [r[3] * 1e3 for r in runs]
         print(f"{m:<10} {size:8.2f} {med(w):>22} {med(rd):>22} {med(wr):>22} {med(krec):>22} {med(cpu):>22}")
     t = {m: [r[0] + r[1] for r in runs] for m, runs in res.items()}
-    ratio = lambda a, b: [x / y for x, y in zip(t[b], t[a])]  # noqa: E731  paired per rep: time(b) / time(a)
-    ok = lambda xs, goal: f"goal >= {goal}  {'PASS' if statistics.median(xs) >= goal else 'MISS'}"  # noqa: E731
+    ratio = lambda a, b: [x / y for x, y in zip(t[b], t[a])]  # paired per rep: time(b) / time(a)
+    ok = lambda xs, goal: f"goal >= {goal}  {'PASS' if statistics.median(xs) >= goal else 'MISS'}"
     # raw and arrow move the same bytes, all methods the same records: ratios of write+read time
     for a in ("arrow", "arrow-list", "arrow-durable"):
         print(f"ratio {a:<10} / raw fsync'd disk (write+read throughput): {med(ratio(a, 'raw'))}  "

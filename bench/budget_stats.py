@@ -402,7 +402,7 @@ def paired_table(runs: list[dict], reference: str, margin: float = MARGIN, extra
         if s is not None:
             lines.append(f"- SD of the paired {what} differences, pooled over the cells against {reference}: "
                          f"{s:.3f} ({df} df); seeds to resolve ±{margin} at it: {seeds_needed(s, margin)}.")
-    for label, a, b, c in rows:
+    for label, _a, _b, c in rows:
         if label.startswith("A/A"):
             lines.append(f"- {label} per seed: endpoint " + ", ".join(f"{d:+.3f}" for d in c["endpoint"]["diffs"])
                          + "; final accuracy " + ", ".join(f"{d:+.3f}" for d in c["final"]["diffs"])

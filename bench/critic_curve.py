@@ -7,9 +7,10 @@ The pipeline's critic chases a moving policy with a few hundred steps; this sepa
 from how fast the policy moves. It samples a pool of fresh rollouts of policy version V (the inference role's
 sampler and scorer, `--group` per prompt), trains critic version C (the critic pretrained in the warm start by
 default; `fresh`: a new one built as the run's warm start builds it, from policy version 0, critic.init and
-critic.num_layers, which a key=value may change) on it with the value trainer's own `critic_step`, each rollout used once in order, and every `--every`
-steps prints the explained variance against the realised returns on a separate evaluation pool, overall and per
-response position, next to the exact oracle's (bench/critic_oracle.py) and the mean squared distance to it.
+critic.num_layers, which a key=value may change) on it with the value trainer's own `critic_step`, each rollout
+used once in order, and every `--every` steps prints the explained variance against the realised returns on a
+separate evaluation pool, overall and per response position, next to the exact oracle's (bench/critic_oracle.py) and
+the mean squared distance to it.
 `key=value` overrides the run's config (e.g. critic.lr=0.006 critic.batch_rollouts=32; with
 critic.weight_average=0.95 the curve is the average's). arith only (exact match with one reference).
 """
@@ -27,17 +28,16 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from critic_oracle import rollout_oracle_values  # noqa: E402
-
-from prime_values.algo.ema import WeightAverage  # noqa: E402
-from prime_values.algo.gae import explained_variance  # noqa: E402
-from prime_values.config import load_saved  # noqa: E402
-from prime_values.critic_io import CriticInputs, critic_step  # noqa: E402
-from prime_values.models import load_critic, load_policy  # noqa: E402
-from prime_values.rollout import sample_and_score  # noqa: E402
-from prime_values.roles.warm_start import initial_critic  # noqa: E402
-from prime_values.tasks import make_task  # noqa: E402
-from prime_values.weights import latest_version  # noqa: E402
+from critic_oracle import rollout_oracle_values
+from prime_values.algo.ema import WeightAverage
+from prime_values.algo.gae import explained_variance
+from prime_values.config import load_saved
+from prime_values.critic_io import CriticInputs, critic_step
+from prime_values.models import load_critic, load_policy
+from prime_values.roles.warm_start import initial_critic
+from prime_values.rollout import sample_and_score
+from prime_values.tasks import make_task
+from prime_values.weights import latest_version
 
 
 def pool(policy, tokenizer, task, cfg, prompts: int, group: int, seed: int) -> list[dict]:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     OmegaConf.set_struct(cfg, True)
     try:
         cfg.merge_with_dotlist(args.overrides)
-    except Exception as error:  # omegaconf's message names the key; one line, no traceback
+    except Exception as error:  # noqa: BLE001 - any bad override is reported in one line
         print(f"critic_curve: cannot apply {args.overrides} to {args.run / 'config.yaml'}: "
               f"{str(error).splitlines()[0]}", file=sys.stderr)
         return 2

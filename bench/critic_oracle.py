@@ -34,14 +34,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prime_values.algo.gae import explained_variance  # noqa: E402
-from prime_values.config import load_saved  # noqa: E402
-from prime_values.critic_io import CriticInputs  # noqa: E402
-from prime_values.models import load_critic, load_policy  # noqa: E402
-from prime_values.rollout import sample_and_score  # noqa: E402
-from prime_values.tasks import make_task  # noqa: E402
-from prime_values.tasks.pool import training_prompts  # noqa: E402
-from prime_values.weights import latest_version  # noqa: E402
+from prime_values.algo.gae import explained_variance
+from prime_values.config import load_saved
+from prime_values.critic_io import CriticInputs
+from prime_values.models import load_critic, load_policy
+from prime_values.rollout import sample_and_score
+from prime_values.tasks import make_task
+from prime_values.tasks.pool import training_prompts
+from prime_values.weights import latest_version
 
 
 @torch.no_grad()
@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({args.prompts} prompts x {group}, T={temperature}), {len(returns)} states, reward {returns.mean():.3f}")
     print(f"explained variance  oracle {o:.3f}  critic {c:.3f}  critic / oracle {c / o:.2f}"
           + (f"  ({args.samples} games per state)" if mc else ""))
-    print(f"critic against the oracle: 1 - Var(V* - V) / Var(V*) = {explained_variance(learnt, oracle, everywhere):.3f}")
+    against = explained_variance(learnt, oracle, everywhere)
+    print(f"critic against the oracle: 1 - Var(V* - V) / Var(V*) = {against:.3f}")
     for j in range(int(position.max()) + 1):
         at = position == j
         if int(at.sum()) >= 20:  # explained_variance is nan where every return at j is the same

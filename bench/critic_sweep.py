@@ -26,8 +26,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from prime_values.algo.ev import ev_from_sums  # noqa: E402
-from prime_values.monitor import read_metrics  # noqa: E402
+from prime_values.algo.ev import ev_from_sums
+from prime_values.monitor import read_metrics
 
 
 def run_dirs(roots: list[Path]) -> list[Path]:

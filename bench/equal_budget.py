@@ -93,11 +93,11 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from budget_stats import MARGIN, paired_table  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from budget_stats import MARGIN, paired_table
+from prime_values.monitor import read_metrics
 
-from prime_values.monitor import read_metrics  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 KINDS = {
     "grpo": ["advantage=grpo"],
@@ -503,7 +503,7 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
     warm = dict(NO_WARM_START) if kind in CRITIC_FREE else warm_tokens(run if kind == "plain" else base)
     per_version, rollouts = generated_tokens(run)
     cumulative, tokens_before = 0, {}
-    for version in range(0, max([*per_version, cfg.steps]) + 2):
+    for version in range(max([*per_version, cfg.steps]) + 2):
         tokens_before[version] = cumulative + warm["critic_pretrain_generated_tokens"]
         cumulative += per_version.get(version, 0)
     orch = read_metrics(run / "metrics" / "orchestrator.jsonl")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import platform
 import statistics
 import sys
@@ -34,11 +33,12 @@ import time
 import types
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
+
+HERE = Path(__file__).resolve().parent
 
 # Qwen/Qwen3-0.6B-Base and HuggingFaceTB/SmolLM2-135M config.json: what shapes the compute
 SHAPES = {
@@ -150,10 +150,10 @@ def train_cfg(micro: int):
 
 def measure_shape(shape: str, device: str, sizes: dict, repeats: int, log) -> list[dict]:
     """The trainer, generation and scoring rows of one shape, every mode, with and without checkpointing."""
+    from prime_values.critic_io import critic_step
     from prime_values.models import build
     from prime_values.models.build import critic_values
     from prime_values.models.sampling import sample
-    from prime_values.critic_io import critic_step
     from prime_values.roles.policy_trainer import train_step
 
     vocab = SHAPES[shape][1]["vocab_size"]
@@ -207,9 +207,10 @@ def measure_shape(shape: str, device: str, sizes: dict, repeats: int, log) -> li
                             "note": f"{len(completions)} samples x <= {sizes['new_tokens']} new tokens"})
                 out.append({**common, "checkpointing": None, "role": "evaluator (scoring)", "rate": score_rate,
                             "unit": "states/s", "step_s": s_s, "peak_gib": s_peak})
-                out.append({**common, "checkpointing": None, "role": "scoring / generation", "rate": score_rate / gen_rate,
-                            "unit": "x", "goal": ">= 5", "met": score_rate / gen_rate >= 5})
-            del policy, critic, p_opt, c_opt
+                out.append({**common, "checkpointing": None, "role": "scoring / generation",
+                            "rate": score_rate / gen_rate, "unit": "x", "goal": ">= 5",
+                            "met": score_rate / gen_rate >= 5})
+            policy = critic = p_opt = c_opt = None  # the closures above are done: free the device memory
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
     return out
@@ -223,9 +224,9 @@ def ratio_check(device: str, arch: dict | None = None, prompts: int = 16, sample
     `model_path` (e.g. a run's weights/policy/0, warm-started: trained logits are larger than a fresh model's, and
     so are their bf16 errors). {mode: {mean_abs_log_ratio, max_abs_log_ratio, ratio_mean}}."""
     from prime_values.algo.losses import token_logprobs
-    from prime_values.models import build, build_char_tokenizer, build_tiny_policy, load_policy
-    from prime_values.models.sampling import sample
     from prime_values.critic_io import attention_mask, padded
+    from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy
+    from prime_values.models.sampling import sample
 
     if model_path:
         from transformers import AutoTokenizer
@@ -309,8 +310,8 @@ def table(rows: list[dict]) -> list[str]:
             goal += " (met)" if r["met"] else " (NOT met)"
         note = "; ".join(x for x in (goal, r.get("note", "")) if x)
         lines.append(f"| {r['shape']} | {r['role']} | {r.get('precision', '-')} | {fmt(r.get('checkpointing'))} | "
-                     f"{fmt(r.get('rate'))} {r.get('unit', '')} | {fmt(r.get('step_s'))} | {fmt(r.get('peak_gib'), 3)} |"
-                     f" {r.get('attention', '-')} | {note} |")
+                     f"{fmt(r.get('rate'))} {r.get('unit', '')} | {fmt(r.get('step_s'))} | "
+                     f"{fmt(r.get('peak_gib'), 3)} | {r.get('attention', '-')} | {note} |")
     return lines
 
 
@@ -373,8 +374,9 @@ def main(argv: list[str] | None = None) -> dict:
     log(f"first on-policy ratio ({args.ratio_model or 'fresh embedded model'})")
     ratios = ratio_check(device, SHAPES_ARCH_SMOKE if args.smoke else None, model_path=args.ratio_model)
     for mode, r in ratios.items():
-        rows.append({"shape": "warm-started" if args.ratio_model else "embedded", "role": "first on-policy step: sampling vs trainer logprobs",
-                     "precision": mode, "rate": r["mean_abs_log_ratio"], "unit": "mean abs log-ratio",
+        rows.append({"shape": "warm-started" if args.ratio_model else "embedded",
+                     "role": "first on-policy step: sampling vs trainer logprobs", "precision": mode,
+                     "rate": r["mean_abs_log_ratio"], "unit": "mean abs log-ratio",
                      "note": f"max abs log-ratio {r['max_abs_log_ratio']:.2e}, ratio mean {r['ratio_mean']:.5f}"})
     def report(final: bool) -> float:
         """The table so far, printed and written (before the pipeline too: a run cut by its timeout keeps it)."""

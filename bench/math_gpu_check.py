@@ -84,9 +84,9 @@ def probe() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- prepare
-DATASETS_STANDIN = '''"""A stand-in for HF datasets, written by bench/math_gpu_check.py on a machine without it: only what the math
-task's loader calls for one local .jsonl file (load_dataset('json', data_files=...)). Never used where datasets
-imports."""
+DATASETS_STANDIN = '''"""A stand-in for HF datasets, written by bench/math_gpu_check.py on a machine without it: only
+what the math task's loader calls for one local .jsonl file (load_dataset('json', data_files=...)). Never used where
+datasets imports."""
 import json
 import types
 

@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             results.append(r)
             print(json.dumps(r), flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=1))
-    lines = ["| policy.dtype | seed | wall s | held-out gain | EV (last batches) | step 1 ratio_mean | step 1 approx_kl "
-             "| step 1 clip_fraction |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| policy.dtype | seed | wall s | held-out gain | EV (last batches) | step 1 ratio_mean "
+             "| step 1 approx_kl | step 1 clip_fraction |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['dtype']} | {r['seed']} | {fmt(r['wall_s'], '.0f')} | {fmt(r['gain'], '+.3f')} | "
                      f"{fmt(r['ev'])} | {fmt(r.get('ratio_mean'), '.5f')} | {fmt(r.get('approx_kl'), '.2e')} | "

@@ -27,12 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from critic_oracle import reference_ids, reference_suffix_probs  # noqa: E402
-
-from prime_values.config import load_saved  # noqa: E402
-from prime_values.models import load_policy  # noqa: E402
-from prime_values.tasks import make_task  # noqa: E402
-from prime_values.weights import latest_version  # noqa: E402
+from critic_oracle import reference_ids, reference_suffix_probs
+from prime_values.config import load_saved
+from prime_values.models import load_policy
+from prime_values.tasks import make_task
+from prime_values.weights import latest_version
 
 
 def one_hot(index: int, size: int) -> list[float]:

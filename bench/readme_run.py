@@ -120,9 +120,11 @@ def report(labels: list[str] | None = None) -> None:
     for r in recs:
         curve = " ".join(f"{s}:{a:.3f}" for s, a in r["curve"])
         print(f"| {r['label']} | {r['seed']} | {r['wall_s']:.0f} | {r['sft_s'] or 0:.0f} ({r['sft_steps']}) | "
-              f"{r['critic_pretrain_s'] or 0:.0f} | {r['rl_s'] or 0:.0f} ({r['policy_steps']}, {r['step_s'] or 0:.2f}) | "
+              f"{r['critic_pretrain_s'] or 0:.0f} | {r['rl_s'] or 0:.0f} ({r['policy_steps']}, "
+              f"{r['step_s'] or 0:.2f}) | "
               f"{r['critic_steps_per_policy_step']:.2f} | {r['first_rl_step_accuracy']:.3f} -> "
-              f"{r['final_accuracy'] or 0:.3f} ({r['gain']:+.3f}) | {r['final_explained_variance'] or 0:.3f} | {curve} |")
+              f"{r['final_accuracy'] or 0:.3f} ({r['gain']:+.3f}) | {r['final_explained_variance'] or 0:.3f} | "
+              f"{curve} |")
     by_label: dict[str, list[dict]] = {}
     for r in recs:
         by_label.setdefault(r["label"], []).append(r)

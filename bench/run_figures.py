@@ -86,7 +86,8 @@ def figures(run: Path) -> dict:
     heldout = run / "metrics" / "heldout"
     paired_files = sorted(heldout.glob("step_*.jsonl"))
     if len(paired_files) >= 2:  # RL: step 0 (after any SFT) -> the last evaluation
-        out["paired"] = paired_heldout.paired(paired_heldout.load(paired_files[0]), paired_heldout.load(paired_files[-1]))
+        out["paired"] = paired_heldout.paired(paired_heldout.load(paired_files[0]),
+                                              paired_heldout.load(paired_files[-1]))
     if paired_files and (heldout / "before_sft.jsonl").exists():  # SFT: the model as loaded -> step 0
         out["paired_sft"] = paired_heldout.paired(paired_heldout.load(heldout / "before_sft.jsonl"),
                                                   paired_heldout.load(paired_files[0]))

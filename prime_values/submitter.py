@@ -11,7 +11,7 @@ import time
 
 from prime_values.rundir import RunDir, write_atomic
 from prime_values.supervisor import RestartBudget, StopRequested
-from prime_values.tools.live import Progress
+from prime_values.tools.live import LiveView
 from prime_values.tools.summary import format_summary, summarise
 
 
@@ -34,8 +34,14 @@ def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
     queued (and why), then the live view from the run directory; a lost allocation is resubmitted (launcher.
     max_restarts per launcher.restart_window_s, the supervisor's RestartBudget) and the next one resumes the run;
     Ctrl-C stops it cleanly. `allocation_main(run_dir)`: the batch step (the conductor inside the allocation)."""
-    from prime_values.launch.slurm import (cancel_all, describe_request, job_states, make_slurm_executor,
-                                           pipeline_request, queued_line)
+    from prime_values.launch.slurm import (
+        cancel_all,
+        describe_request,
+        job_states,
+        make_slurm_executor,
+        pipeline_request,
+        queued_line,
+    )
 
     request, launcher = pipeline_request(cfg), cfg.launcher
     # one node: SLURM itself requeues the job after a node failure. Over several nodes the lost job ends and a fresh
@@ -53,7 +59,7 @@ def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
         cpus_per_task=request["cpus"], mem_gb=launcher.mem_gb, nodes=request["nodes"],
         # over several nodes the batch step still runs one conductor, on the first node; the roles' steps go to theirs
         srun_args=["--nodes=1", "--ntasks=1"] if request["nodes"] > 1 else None)
-    progress = Progress(run, cfg.steps)
+    progress = LiveView(run, cfg.steps)
     print(f"prime_values: run directory {run.root}\nprime_values: one allocation for the pipeline: "
           f"{describe_request(request)}", flush=True)
     job = executor.submit(allocation_main, str(run.root))

@@ -31,7 +31,9 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from prime_values.launch import entry, kill_job, make_executor, pipeline_roles, role_gpus, role_procs
+from prime_values.config.critic import trains_critic
+from prime_values.launch import entry, kill_job, make_executor
+from prime_values.launch.topology import pipeline_roles, role_gpus, role_procs
 from prime_values.rundir import RunDir, write_atomic
 
 BACKOFF_MAX_S = 60.0
@@ -112,9 +114,6 @@ def exit_cause(job) -> tuple[bool, str | None]:
     from prime_values.launch.slurm import exit_cause as slurm_exit_cause
 
     return True, slurm_exit_cause(job)
-
-
-job_end = exit_cause  # the name the stages use
 
 
 def heartbeat_time(run: RunDir, name: str) -> float | None:
@@ -217,7 +216,8 @@ class Supervisor:
         return role_job
 
     def start_roles(self) -> None:
-        for spec in pipeline_roles(self.cfg.topology, self.cfg.resolved.uses_critic):
+        for spec in pipeline_roles(self.cfg.topology, self.cfg.resolved.uses_critic,
+                                   trains_critic(self.cfg)):
             self.submit(spec.name, spec.role, spec.device, *spec.args)
 
     def check(self) -> RoleJob | None:
@@ -351,6 +351,3 @@ class Supervisor:
             time.sleep(0.2)
         for role_job in self.running():
             kill_job(role_job.job)  # last resort: never leave a process behind
-
-
-Fleet = Supervisor  # the name of its first version

@@ -34,7 +34,6 @@ import netrc
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -81,7 +80,7 @@ def hydra_names() -> tuple[str | None, str | None]:
         from hydra.types import RunMode
 
         hc = HydraConfig.get()
-    except Exception:  # not inside a Hydra job (tests, the API)
+    except Exception:  # noqa: BLE001 - outside a Hydra run there is no sweep
         return None, None
     if hc.mode != RunMode.MULTIRUN:
         return None, None
@@ -98,7 +97,7 @@ def sweep_point_name(argv: list[str], job_overrides: list[str]) -> str:
         args = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
         swept = {o.get_key_element().lstrip("+~") for o in OverridesParser.create().parse_overrides(args)
                  if o.is_sweep_override()}
-    except Exception:  # an unparseable command line: fall back to the job's override dirname
+    except Exception:  # noqa: BLE001 - an override Hydra cannot parse names no swept key
         return ""
     return ",".join(o.lstrip("+~") for o in job_overrides if o.split("=", 1)[0].lstrip("+~") in swept)
 
@@ -191,7 +190,7 @@ class WandbForwarder:
             )
             self.wb.define_metric("policy_step")
             self.wb.define_metric("*", step_metric="policy_step")
-        except Exception as error:  # W&B must never stop a run
+        except Exception as error:  # noqa: BLE001 - W&B failing in any way turns the sink off, never the run
             self._give_up(error)
 
     def _give_up(self, error: Exception) -> None:
@@ -231,7 +230,7 @@ class WandbForwarder:
                         "offsets": {role: tail._offset for role, tail in self.tails.items()},
                         "last_policy_step": self.last_policy_step}))
                 return len(records)
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - W&B failing in any way turns the sink off, never the run
                 self._give_up(error)
                 return 0
 
@@ -266,7 +265,7 @@ class WandbForwarder:
                 self.wb.summary["summary/status"] = summary["status"]
             self.wb.finish(exit_code=exit_code)
             wandb.teardown()  # wait until W&B's service process has written everything (it would outlive finish())
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - W&B failing in any way turns the sink off, never the run
             self._give_up(error)
         self.wb = None
         if self.mode == "offline":

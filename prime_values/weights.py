@@ -147,7 +147,7 @@ class Adopter(Generic[T]):
                 return False
             try:
                 value = self.load(version_dir(self.root, v))
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - a version that does not load, for any reason, is skipped
                 if version_dir(self.root, v).exists() or latest_version(self.root) == v:
                     self.skipped.add(v)
                     log.warning("skipping version %d in %s: it does not load (%s: %s); keeping version %s",

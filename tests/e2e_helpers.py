@@ -13,9 +13,9 @@ Why committed, not made on the machine: the tests' learning bounds are propertie
 version 0 made by SFT on each machine is a different one on each kind of CPU. The kernels round differently, the
 SFT stop falls elsewhere, and the critic pretrained on it ends elsewhere. Made with AVX2 kernels on the machine
 where the bounds were measured, the critic's explained variance on fresh rollouts fell from 0.17-0.21 to
--0.03-0.09 in the three critic tests, below CRITIC_EV_BOUND, as on the Intel Xeon where they failed. So every machine starts from the same weights (1 MB,
-`python tests/make_version0.py` remakes them, tests/test_version0.py checks they still fit the code), and only
-what the test exercises, the RL steps, runs on the machine's own kernels.
+-0.03-0.09 in the three critic tests, below CRITIC_EV_BOUND, as on the Intel Xeon where they failed. So every
+machine starts from the same weights (1 MB, `python tests/make_version0.py` remakes them, tests/test_version0.py
+checks they still fit the code), and only what the test exercises, the RL steps, runs on the machine's own kernels.
 """
 
 from __future__ import annotations
@@ -192,12 +192,12 @@ def weights_changed(root: Path, version: int) -> float:
 #   sits 0.07 below the worst of 11 runs, whatever the kernels and however many steps the critic got: it rests on
 #   version 0, which is the same on every machine. A version 0 made by SFT on the machine is not: made with AVX2
 #   kernels, the same test measured 0.041 (this module's docstring). A critic pretrained on the wrong targets
-#   (tests/mutations.py: another rollout's return) scores ~0 and fails. What it cannot see: a critic whose training goes wrong only during the RL steps
-#   of these short runs barely moves from version 0 (8 policy steps, ~16-24 critic steps under a 0.95 weight
-#   average; measured 0.26 with advantages as targets). So on this configuration `assert_learned` also checks
-#   what the critic is trained on: every targets row's value targets are its reward at every policy token (the
-#   Monte-Carlo return at gamma = lambda_value = 1), exactly, as tests/test_orchestrator_wiring.py checks the
-#   wiring on hand-worked rows.
+#   (tests/mutations.py: another rollout's return) scores ~0 and fails. What it cannot see: a critic whose
+#   training goes wrong only during the RL steps of these short runs barely moves from version 0 (8 policy steps,
+#   ~16-24 critic steps under a 0.95 weight average; measured 0.26 with advantages as targets). So on this
+#   configuration `assert_learned` also checks what the critic is trained on: every targets row's value targets are
+#   its reward at every policy token (the Monte-Carlo return at gamma = lambda_value = 1), exactly, as
+#   tests/test_orchestrator_wiring.py checks the wiring on hand-worked rows.
 CRITIC_EV_BOUND = 0.1
 
 
@@ -222,7 +222,8 @@ def assert_learned(run_dir: Path, critic: bool = True, lockstep: bool = False,
     differs from its version 0 and its loss moved; in lockstep mode the first step is on-policy (importance ratio 1
     within 1e-3); with a critic and `critic_ev_bound` (None for a configuration it was not argued for), the
 critic's explained variance on fresh rollouts exceeds it. `direction=False` leaves out the direction check, for a
-run too short and too slow to give the gap a sign (say why where you pass it). Returns the figures it checked (printed on failure)."""
+run too short and too slow to give the gap a sign (say why where you pass it). Returns the figures it checked
+(printed on failure)."""
     run_dir = Path(run_dir)
     batches = stream_table(run_dir, "batches").to_pylist()
     rewards = [r["reward"] for r in batches]

@@ -22,9 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_helpers import CHECKPOINT, REPO, VERSION0, make_version0  # noqa: E402
-
-
+from e2e_helpers import CHECKPOINT, REPO, VERSION0, make_version0
 
 
 def main() -> int:

@@ -12,8 +12,15 @@ from collections import deque
 import torch
 
 from prime_values.algo.ev import ev_sums
-from prime_values.algo.gae import (adaptive_lambda, advantages_and_targets, explained_variance, group_mean_baseline,
-                                   grpo_advantages, tether_advantages, whiten)
+from prime_values.algo.gae import (
+    adaptive_lambda,
+    advantages_and_targets,
+    explained_variance,
+    group_mean_baseline,
+    grpo_advantages,
+    tether_advantages,
+    whiten,
+)
 from prime_values.critic_io import padded
 
 BATCH_BASELINES = ("batch_mean", "batch_loo", "reinforce")

@@ -164,3 +164,20 @@ def test_show_work_answers_are_running_results_and_the_critic_sees_them():
     assert all(len(q.answer) <= task.max_answer_chars() for q in task.heldout())
     with pytest.raises(ValueError, match="show_work"):
         ArithTask(ops="+*", operands=3, show_work=True)
+
+
+def test_min_operands_mixes_problem_lengths_in_equal_shares():
+    import collections
+
+    task = ArithTask(digits=2, operands=5, min_operands=2, heldout_size=100, seed=0)
+    counts = collections.Counter(p.prompt.count("+") + 1 for p in task.sample(random.Random(0), 4000))
+    assert set(counts) == {2, 3, 4, 5}
+    assert all(abs(n / 4000 - 0.25) < 0.03 for n in counts.values()), counts  # 1000 each, SD ~27
+    for p in task.sample(random.Random(1), 50):
+        assert p.answer == str(sum(int(x) for x in p.prompt[:-1].split("+")))
+    assert task.describe()["min_operands"] == 2
+    fixed = ArithTask(digits=2, operands=5, heldout_size=100, seed=0)
+    assert {p.prompt.count("+") + 1 for p in fixed.sample(random.Random(0), 200)} == {5}
+    assert {p.prompt for p in fixed.heldout()} != {p.prompt for p in task.heldout()}  # its own held-out set
+    with pytest.raises(ValueError, match="task.min_operands=6"):
+        ArithTask(operands=5, min_operands=6)

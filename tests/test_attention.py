@@ -12,9 +12,15 @@ import torch
 from omegaconf import OmegaConf
 
 from prime_values.__main__ import precheck
-from prime_values.models import build
-from prime_values.models import build_char_tokenizer, build_critic, build_tiny_policy, load_critic, load_policy, \
-    save_model
+from prime_values.models import (
+    build,
+    build_char_tokenizer,
+    build_critic,
+    build_tiny_policy,
+    load_critic,
+    load_policy,
+    save_model,
+)
 
 FLASH_INSTALLED = importlib.util.find_spec("flash_attn") is not None
 TINY = dict(hidden_size=64, num_heads=2, num_kv_heads=1, intermediate_size=64, num_layers=1)

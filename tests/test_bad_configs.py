@@ -197,6 +197,7 @@ OTHER_TASKS = [
     ("math", ["task.prompt_template=solve"], "task.prompt_template='solve'", "must contain '{question}'"),
     ("arith_chain", ["task.ops=+*"], "task.show_work=true", "task.ops from '+-'"),
     ("arith_work", ["task.operands=1"], "task.operands=1", "set task.operands=2 or more"),
+    ("arith", ["task.min_operands=1"], "task.min_operands=1", "0 (off) or in 2..task.operands (2)"),
     ("guess", ["task.min_number=50"], "task.min_number=50", "2..task.max_number (40)"),
     ("guess", ["task.feedback=colour"], "task.feedback", "interval, direction"),
     ("guess", ["inference.max_new_tokens=2"], "inference.max_new_tokens=2", "raise it above 2"),
@@ -216,7 +217,7 @@ def test_other_task_rules_fail_before_launch_in_one_line(experiment, overrides, 
 
 
 def test_every_experiment_is_valid_on_its_own():
-    for experiment in ("arith", "arith_work", "arith_chain", "guess", "reverse_text", "smollm"):
+    for experiment in ("arith", "arith_work", "arith_chain", "arith_mix", "guess", "reverse_text", "smollm"):
         assert precheck([f"+experiment={experiment}"]) is None, experiment
 
 

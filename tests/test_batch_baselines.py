@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from e2e_helpers import run_pipeline, stream_table
-import log_rows
 from omegaconf import OmegaConf
 
+import log_rows
+from e2e_helpers import run_pipeline, stream_table
 from prime_values.algo.gae import batch_mean_advantages, per_token as broadcast
 from prime_values.config import Config
 from prime_values.config.advantage import make_estimator

@@ -273,7 +273,8 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     with pytest.raises(SystemExit, match="does not divide"):
         equal_budget.parse_cells("gae:3", 128)
     assert equal_budget.parse_cells("grpo:8,gae:4@policy.lr=5e-5@critic.lr=1e-3", 128) == [
-        ("grpo_g8", "grpo", 8, []), ("gae_g4_policy.lr5e-5_critic.lr1e-3", "gae", 4, ["policy.lr=5e-5", "critic.lr=1e-3"])]
+        ("grpo_g8", "grpo", 8, []),
+        ("gae_g4_policy.lr5e-5_critic.lr1e-3", "gae", 4, ["policy.lr=5e-5", "critic.lr=1e-3"])]
     assert equal_budget.cell_overrides("gae", 4, 128, ["policy.lr=5e-5"])[-3:] == [
         "inference.group_size=4", "inference.prompts_per_step=32", "policy.lr=5e-5"]
     with pytest.raises(SystemExit, match="key=value"):

@@ -63,8 +63,8 @@ def test_timers_and_summary_lines(tmp_path):
     import time
 
     from prime_values.monitor import MetricsWriter, Timers
-    from prime_values.tools.summary import _time_lines, time_fractions
     from prime_values.roles.value_trainer import lockstep_plan
+    from prime_values.tools.summary import _time_lines, time_fractions
 
     timers = Timers()
     with timers.time("wait"):
@@ -89,9 +89,9 @@ def test_gpu_mode_puts_every_role_on_the_device():
     """`python -m bench --device X` (GPU mode): the pipeline's overrides move all four device-holding roles to X
     (composed through the real config, with X = cpu here so validation passes on this machine)."""
     sys.path.insert(0, str(ROOT / "bench"))
-    import bench_pipeline
     from hydra import compose, initialize_config_dir
 
+    import bench_pipeline
     from prime_values import config
     from prime_values.__main__ import CONF_DIR
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import budget_stats as bs  # noqa: E402
+import budget_stats as bs
 
 CURVE = [(0.0, 0.5), (10.0, 0.6), (20.0, 0.8), (30.0, 0.7)]
 

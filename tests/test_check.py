@@ -11,15 +11,13 @@ from pathlib import Path
 
 import pytest
 
+import log_rows
 import prime_values.log.segments as segments
-from prime_values.tools.check import check, main
-from prime_values.log import SCHEMA_VERSION, SegmentWriter, apply_retention
-from prime_values.log import records
+from prime_values.log import SCHEMA_VERSION, SegmentWriter, apply_retention, records
 from prime_values.log.records import token_digest
 from prime_values.rundir import RunDir
+from prime_values.tools.check import check, main
 from prime_values.weights import publish
-
-import log_rows
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP, PROMPTS, STEPS = 2, 2, 3

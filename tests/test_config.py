@@ -23,8 +23,8 @@ def cli(*args: str, cwd: Path = REPO, env: dict | None = None):
 def test_cfg_job_prints_the_composed_config():
     result = cli("+experiment=arith", "policy.lr=3e-4", "topology=colocated", "--cfg", "job")
     assert result.returncode == 0, result.stderr
-    for line in ("  lr: 0.0003", "  evaluator: colocated", "  group_size: 2", "  prompts_per_step: 64", "  min_digits: 1", "  estimator: gae",
-                 "steps: 200"):
+    for line in ("  lr: 0.0003", "  evaluator: colocated", "  group_size: 2", "  prompts_per_step: 64",
+                 "  min_digits: 1", "  estimator: gae", "steps: 200"):
         assert line in result.stdout.splitlines(), line
 
 
@@ -34,7 +34,8 @@ def test_cfg_job_prints_the_composed_config():
     ("policy.lr=fast", "config key 'policy.lr'"),
     ("inference.group_size=1.5", "config key 'inference.group_size'"),
     ("topology=ring", "no config 'topology/ring'; available: colocated, cpu, dedicated"),
-    ("topology.policy_trainer_device=cuda:3", "topology.policy_trainer_device=cuda:3 asks for a GPU that does not exist"),
+    ("topology.policy_trainer_device=cuda:3",
+     "topology.policy_trainer_device=cuda:3 asks for a GPU that does not exist"),
     ("advantage.estimator=ppo", "advantage.estimator='ppo' is not allowed; choose one of gae, grpo"),
     ("topology.inference_workers=3", "must be divisible by topology.inference_workers=3"),
 ])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import typing
-from dataclasses import fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 
 import pytest
 from omegaconf import OmegaConf
@@ -71,7 +71,7 @@ def test_every_string_naming_one_of_a_closed_set_has_choices():
 
 
 def test_the_defaults_keep_every_rule():
-    for name, cls in TASK_CONFIGS.items():
+    for cls in TASK_CONFIGS.values():
         cfg = OmegaConf.structured(Config(task=cls()))
         check_fields(cfg, Config, sections={"task": cls})
 
@@ -96,8 +96,6 @@ def test_a_task_name_that_contradicts_the_group_is_refused():
     with pytest.raises(ConfigError, match="task.name=math does not match the task group's choice task=arith"):
         validate(cfg, cuda_count=0, environment=False)
 
-
-from dataclasses import dataclass  # noqa: E402
 
 
 @dataclass

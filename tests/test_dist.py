@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from omegaconf import OmegaConf
 
 from prime_values.config import Config, ConfigError, validate
@@ -107,8 +106,14 @@ def optimizer_worker(world: int, out: str, mode: str) -> None:
     from omegaconf import OmegaConf
 
     from prime_values import dist
-    from prime_values.models import (build_char_tokenizer, build_tiny_policy, load_policy, read_optimizer_state,
-                                     save_model, save_optimizer_state)
+    from prime_values.models import (
+        build_char_tokenizer,
+        build_tiny_policy,
+        load_policy,
+        read_optimizer_state,
+        save_model,
+        save_optimizer_state,
+    )
     from prime_values.roles.policy_trainer import train_step
 
     torch.set_num_threads(1)
@@ -357,10 +362,10 @@ def test_auto_devices_give_a_trainer_consecutive_gpus():
 
 @pytest.mark.slow
 def test_pipeline_with_two_process_trainers(tmp_path):
-    from test_pipeline import processes_mentioning, run_pipeline
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     from prime_values.monitor import read_metrics
+    from test_pipeline import processes_mentioning, run_pipeline
 
     run_dir = tmp_path / "run"
     result = run_pipeline(run_dir, "steps=3", "topology.policy_trainer_procs=2", "topology.value_trainer_procs=2")

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from reference_gae import reference_gae
 
 from prime_values.algo.gae import (
     adaptive_lambda,
@@ -20,6 +19,7 @@ from prime_values.algo.gae import (
     tether_advantages,
     whiten,
 )
+from reference_gae import reference_gae
 
 NAN = float("nan")
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,7 +215,7 @@ def test_bench_gae_smoke(capsys):
     # printed must follow from it, and the two implementations must agree
     verdict = re.search(r"ratio loop / fast: (\d+\.\d)x  \[goal >= (\d+)x: (met|NOT met)\]", out)
     assert verdict, out
-    shown, goal, said = float(verdict[1]), float(verdict[2]), verdict[3]
+    _shown, goal, said = float(verdict[1]), float(verdict[2]), verdict[3]
     assert ratio > 0 and f"{ratio:.1f}" == verdict[1]
     assert said == ("met" if ratio >= goal else "NOT met"), out
     assert re.search(r"measured on \d+ of \d+ rollouts: .* scaled x\d+", out), out

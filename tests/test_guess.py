@@ -152,7 +152,7 @@ def test_continuations_play_on_from_a_state_mid_game_and_mid_turn():
     model = build_tiny_policy(tok, seed=0).eval()
     problem = task.make_problem(10, 7)
     eos = tok.eos_token_id
-    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    enc = lambda text: tok.encode(text, add_special_tokens=False)
     after_one_turn = (enc("1-10?") + enc("5") + [eos] + enc(">"), [0] * 5 + [1, 1] + [0])
     mid_turn = (enc("1-10?") + enc("7"), [0] * 5 + [1])
     out = task.continuations(model, tok, [(problem, *after_one_turn), (problem, *mid_turn)], num_samples=4,

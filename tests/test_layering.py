@@ -39,8 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Dependencies that take 0.1 s or more to import (`python -X importtime -c "import X"`, 2-core machine, 2026-12-02):
 # torch 5.2 s, transformers 2.2 s, matplotlib 0.85 s, hydra 0.57 s, pyarrow 0.43 s, numpy 0.34 s, omegaconf 0.18 s,
-# submitit 0.12 s, asyncio 0.1 s (of the standard library: tasks.verifiers_env). A module that does not import one of them at the top may import it (or a module that does) in
-# the function that needs it; the optional extras of setup.cfg likewise.
+# submitit 0.12 s, asyncio 0.1 s (of the standard library: tasks.verifiers_env). A module that does not import one
+# of them at the top may import it (or a module that does) in the function that needs it; the optional extras of
+# setup.cfg likewise.
 HEAVY = frozenset({"torch", "transformers", "matplotlib", "hydra", "pyarrow", "numpy", "omegaconf", "submitit",
                    "asyncio"})
 ALGO_ALLOWED = frozenset({"torch", "numpy"})

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from prime_values.tools.live import LiveView, Progress, duration, render
 from prime_values.rundir import RunDir
+from prime_values.tools.live import LiveView, duration, render
 
 NOW = time.time()
 
@@ -196,7 +196,7 @@ def test_warm_start_and_empty_run(tmp_path):
     run.mkdirs()
     run.config.write_text("steps: 5\nadvantage:\n  estimator: grpo\ntopology:\n  inference_workers: 1\n"
                           "  evaluator: dedicated\n")
-    live = Progress(run, 5)
+    live = LiveView(run, 5)
     assert live.line().endswith("starting")
     assert [line.split()[0] for line in live.lines()[1:]] == ["warm_start", "inference0", "orchestrator",
                                                               "policy_trainer"]  # grpo: no critic roles
@@ -545,15 +545,16 @@ def test_the_warm_start_reports_its_phases_and_thread_trials(tmp_path):
     whatever the step times, so this does not depend on how loaded the machine is)."""
     import subprocess
 
-    from e2e_helpers import REPO, SMALL, compose, env_for_runs
     from omegaconf import OmegaConf
 
+    from e2e_helpers import REPO, SMALL, compose, env_for_runs
     from prime_values.monitor import read_metrics
 
     root = tmp_path / "run"
     root.mkdir()
     (root / "config.yaml").write_text(OmegaConf.to_yaml(compose([
-        *SMALL, "policy.warm_start.steps=12", "policy.warm_start.check_every=5", "policy.warm_start.target_accuracy=0.99",
+        *SMALL, "policy.warm_start.steps=12", "policy.warm_start.check_every=5",
+        "policy.warm_start.target_accuracy=0.99",
         "critic.warm_start.steps=12", "critic.warm_start.rollouts=16", "topology.solo_threads_slowdown=3"])))
     result = subprocess.run([sys.executable, "-c", "import sys; from prime_values.roles.warm_start import main; "
                              "main(sys.argv[1])", str(root)], cwd=REPO, capture_output=True, text=True, timeout=600,

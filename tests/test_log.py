@@ -10,12 +10,21 @@ import pyarrow.dataset as ds
 import pyarrow.feather as feather
 import pytest
 
-import prime_values.log.segments as segments
-from prime_values.log import (SCHEMA_VERSION, CorruptSegment, LogReader, NewerSchemaVersion, SegmentWriter,
-                              apply_retention, per_token, read_segment, to_rows, to_table)
-from prime_values.log.segments import list_seqs
-
 import log_rows
+import prime_values.log.segments as segments
+from prime_values.log import (
+    SCHEMA_VERSION,
+    CorruptSegment,
+    LogReader,
+    NewerSchemaVersion,
+    SegmentWriter,
+    apply_retention,
+    per_token,
+    read_segment,
+    to_rows,
+    to_table,
+)
+from prime_values.log.segments import list_seqs
 
 
 def rollout(i, n_tokens=8, shard="s0"):
@@ -377,7 +386,7 @@ def test_retention_deletes_only_what_every_consumer_passed(log):
         for i in range(10):
             w.append(rows(i, n=1))
     stream, cur = log / "rollouts", log / "cursors"
-    left = lambda: list_seqs(stream / "s0")  # noqa: E731
+    left = lambda: list_seqs(stream / "s0")
     assert apply_retention(stream, cur, ["a", "b"], keep_last=None, max_age_s=None) == 0
     assert apply_retention(stream, cur, ["a", "b"], keep_last=0, max_age_s=0) == 0  # no cursors: nothing passed
     _cursor(log, "a", 8)

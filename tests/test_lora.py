@@ -6,16 +6,25 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import peft  # noqa: F401  (the test extra: missing, the module fails rather than skips)
 import pytest
 import torch
 
-import peft  # noqa: E402,F401  (the test extra: missing, the module fails rather than skips)
-
-from prime_values.models import (build_char_tokenizer, build_critic, build_tiny_policy, critic_values, load_critic,  # noqa: E402
-                                 load_optimizer_state, load_policy, lora, read_optimizer_state, save_model,
-                                 save_optimizer_state)
-from prime_values import dist  # noqa: E402
-from prime_values.weights import Adopter, publish, version_dir  # noqa: E402
+from prime_values import dist
+from prime_values.models import (
+    build_char_tokenizer,
+    build_critic,
+    build_tiny_policy,
+    critic_values,
+    load_critic,
+    load_optimizer_state,
+    load_policy,
+    lora,
+    read_optimizer_state,
+    save_model,
+    save_optimizer_state,
+)
+from prime_values.weights import Adopter, publish, version_dir
 
 ARCH = dict(hidden_size=256, num_heads=8, num_kv_heads=4, intermediate_size=768)  # policy.arch's default (3.2M)
 LORA = SimpleNamespace(enabled=True, r=8, alpha=16.0, dropout=0.0, target_modules=list(lora.DEFAULT_TARGETS))
@@ -89,7 +98,8 @@ def test_adapter_versions_are_small_and_trainable_parts_are_right(tmp_path, toke
     weights_ratio = (v1 / lora.ADAPTER_WEIGHTS).stat().st_size / (base / "model.safetensors").stat().st_size
     dir_ratio = dir_bytes(v1) / dir_bytes(base)
     print(f"\nLoRA r=8 on all 7 projections, tiny policy {sum(p.numel() for p in model.parameters()):,} params: "
-          f"adapter {(v1 / lora.ADAPTER_WEIGHTS).stat().st_size:,} B vs full {(base / 'model.safetensors').stat().st_size:,} B "
+          f"adapter {(v1 / lora.ADAPTER_WEIGHTS).stat().st_size:,} B vs full "
+          f"{(base / 'model.safetensors').stat().st_size:,} B "
           f"(weights {weights_ratio:.3f}, whole dir {dir_ratio:.3f}); publish {save_s * 1000:.0f} ms")
     assert weights_ratio < 0.1 and dir_ratio < 0.1
 

@@ -191,19 +191,19 @@ def policy_loss_reference(logprobs, sampling, advantages, mask, trust_region, lo
         for t in range(logprobs.shape[1]):
             if not mask[b, t]:
                 continue
-            l, s, a = float(logprobs[b, t]), float(sampling[b, t]), float(advantages[b, t])
-            rho = math.exp(l - s)
+            lp, s, a = float(logprobs[b, t]), float(sampling[b, t]), float(advantages[b, t])
+            rho = math.exp(lp - s)
             if trust_region == "clip":
                 clipped = min(max(rho, 1 - low), 1 + high)
                 surrogate = min(rho * a, clipped * a)
                 active = rho * a <= clipped * a  # the unclipped term is the min: gradient flows
             else:
-                d = math.exp(l) - math.exp(s)
+                d = math.exp(lp) - math.exp(s)
                 dropped = (a > 0 and d > high) or (a < 0 and d < -low)
                 surrogate, active = (0.0, False) if dropped else (rho * a, True)
-            k3 = math.exp(s - l) - (s - l) - 1
+            k3 = math.exp(s - lp) - (s - lp) - 1
             total += -surrogate + kl_coef * k3
-            grad[b, t] = (-rho * a if active else 0.0) + kl_coef * (1 - math.exp(s - l))
+            grad[b, t] = (-rho * a if active else 0.0) + kl_coef * (1 - math.exp(s - lp))
     return total / max(n, 1), grad / max(n, 1)
 
 

@@ -10,13 +10,12 @@ import signal
 import time
 from pathlib import Path
 
+import datasets  # noqa: F401  (test extras: missing, the module fails rather than skips)
+import math_verify  # noqa: F401
 import pytest
 
-import datasets  # noqa: E402,F401  (test extras: missing, the module fails rather than skips)
-import math_verify  # noqa: E402,F401
-
-from prime_values.tasks.math import MathDataError, MathTask, last_boxed, parse_row, resolve_source  # noqa: E402
-from prime_values.tasks.verify import VerifierPool  # noqa: E402
+from prime_values.tasks.math import MathDataError, MathTask, last_boxed, parse_row, resolve_source
+from prime_values.tasks.verify import VerifierPool
 
 DATA = Path(__file__).parent / "data" / "math_tiny.jsonl"
 

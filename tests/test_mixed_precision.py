@@ -61,7 +61,8 @@ def policy_rows(model, tokenizer, n: int = 6) -> list[dict]:
         rows.append({"token_ids": ids.tolist(), "policy_mask": [0] * prompt + [1] * response,
                      "sampling_logprobs": lp.tolist(),
                      "advantages": [0.0] * prompt + [float(torch.randn(1, generator=gen))] * response,
-                     "privileged": str(i), "reward": float(i % 2), "value_targets": [float(i % 2)] * (prompt + response)})
+                     "privileged": str(i), "reward": float(i % 2),
+                     "value_targets": [float(i % 2)] * (prompt + response)})
     return rows
 
 
@@ -119,8 +120,8 @@ def test_policy_mixed_loss_and_gradients_agree_with_fp32():
 
 
 def critic_grads(mixed: bool, rows, checkpointing: bool = False):
-    from prime_values.models import build_char_tokenizer, build_critic
     from prime_values.critic_io import critic_step
+    from prime_values.models import build_char_tokenizer, build_critic
 
     tok = build_char_tokenizer()
     critic = build.apply_precision(build_critic(None, tok, seed=0, **ARCH).train(), mixed)
@@ -271,7 +272,7 @@ def test_checkpointing_gives_the_same_gradients_and_lowers_peak_memory():
         def step():
             model(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean().backward()
         peaks[checkpointing] = peak_rss_growth(step)
-        del model
+        model = None  # step() is done with it: freed before the next one is built
     print(f"\npeak memory of a forward + backward: {peaks[False] / 2**20:.1f} MiB without activation "
           f"checkpointing, {peaks[True] / 2**20:.1f} MiB with it")
     assert peaks[False] > 1.5 * peaks[True], peaks

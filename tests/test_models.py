@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from prime_values.models import sampling
 from prime_values.models import (
     build_char_tokenizer,
     build_critic,
@@ -14,6 +13,7 @@ from prime_values.models import (
     load_critic,
     load_policy,
     sample,
+    sampling,
     save_model,
     teacher_forced_logprobs,
 )

@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from prime_values.config import Config
@@ -19,7 +18,6 @@ from prime_values.log.records import token_digest
 from prime_values.roles import orchestrator
 from prime_values.roles.orchestrator import batch_rows, score_group, target_rows
 from prime_values.rundir import RunDir
-
 from test_role_parts import rollout, values_row
 
 
@@ -86,7 +84,7 @@ def test_a_restarted_orchestrator_keeps_the_groups_it_was_holding(tmp_path):
 
     assert not load_saved(run.config).resolved.uses_critic
     writer = SegmentWriter(run.stream("rollouts"), "w0", "rollouts")
-    full = lambda r: {**r, "prompt_id": "p", "shard": "w0", "stop_reason": "eos", "task": "{}",  # noqa: E731
+    full = lambda r: {**r, "prompt_id": "p", "shard": "w0", "stop_reason": "eos", "task": "{}",
                       "created_at": time.time()}
     writer.append([full(rollout("w0-000000-0000", "g", 1.0))])
 

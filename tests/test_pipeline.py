@@ -8,17 +8,14 @@ import os
 import re
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
 
-from prime_values.monitor import read_metrics
-
 # the shared pieces live in tests/e2e_helpers.py; other test files import them from here too
-from e2e_helpers import (CRITIC_EV_BOUND, REPO, SMALL, assert_learned, processes_mentioning,  # noqa: F401
-                         run_pipeline, stream_table)
+from e2e_helpers import CRITIC_EV_BOUND, REPO, assert_learned, processes_mentioning, run_pipeline, stream_table
+from prime_values.monitor import read_metrics
 
 pytestmark = pytest.mark.slow  # every test here runs the whole pipeline of processes
 
@@ -227,7 +224,8 @@ def test_two_inference_workers_and_two_evaluators(tmp_path):
     check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], capture_output=True,
                            text=True)
     assert check.returncode == 0, check.stdout
-    paired = re.search(r"(\d+) values records, (\d+) targets records \((\d+) values/targets records paired", check.stdout)
+    paired = re.search(r"(\d+) values records, (\d+) targets records \((\d+) values/targets records paired",
+                       check.stdout)
     assert paired and int(paired[3]) == int(paired[1]) + int(paired[2]) > 0, check.stdout
     replay = [m for m in read_metrics(run_dir / "metrics" / "value_trainer.jsonl") if "replay_age_max" in m]
     assert max(m["replay_age_max"] for m in replay) <= 1 and replay[-1]["replay_evicted_age"] > 0, \

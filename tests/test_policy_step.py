@@ -17,7 +17,6 @@ from omegaconf import OmegaConf
 from prime_values.algo.losses import token_logprobs
 from prime_values.config import Config
 from prime_values.roles import policy_trainer
-
 from test_mixed_precision import ARCH, policy_rows
 
 

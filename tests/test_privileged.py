@@ -81,7 +81,7 @@ def test_batch_mapping_with_different_prefixes_and_padding():
         critic_values[b, : len(critic_ids)] = fake_critic(critic_ids)
         policy_mask[b, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
     values = batch_values_to_policy_layout(critic_values, torch.tensor([2, 0]), policy_mask)
-    for b, (ids, mask, prefix) in enumerate(rows):
+    for b, (_ids, _mask, prefix) in enumerate(rows):
         single = values_to_policy_layout(critic_values[b], len(prefix), policy_mask[b])
         torch.testing.assert_close(values[b], single)
     # row 1, token j = 2 (first policy token): state [11, 12] read at position 1: 11 + 12 + 2000 = 2023

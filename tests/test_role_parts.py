@@ -10,16 +10,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+import log_rows
 from prime_values.config import Config
 from prime_values.config.advantage import make_estimator
 from prime_values.critic_io import CriticInputs
 from prime_values.launch import descendants, resolve_devices
 from prime_values.monitor import MetricsTail
-from prime_values.roles.orchestrator import (GroupJoin, ScoredGroup, batch_metrics, batch_rows, score_group,
-                                             score_groups)
+from prime_values.roles.orchestrator import GroupJoin, ScoredGroup, batch_metrics, batch_rows, score_group, score_groups
 from prime_values.roles.policy_trainer import policy_lr
-
-import log_rows
 
 
 def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 2), version=0, **fields) -> dict:
@@ -196,9 +194,9 @@ def test_descendants_finds_grandchildren():
 
 def test_value_trainer_rebuilds_replay_from_the_log_with_reuse_counts(tmp_path):
     from prime_values.replay import ReplayBuffer, dump_snapshot
-    from prime_values.rundir import RunDir
     from prime_values.roles.common import RoleContext
     from prime_values.roles.value_trainer import REPLAY_SNAPSHOT, restore_replay
+    from prime_values.rundir import RunDir
 
     run = RunDir(tmp_path)
     run.mkdirs()
@@ -311,8 +309,8 @@ def test_adaptive_lambda_reaches_the_advantages():
 
 @pytest.mark.parametrize("loss,clip,lambda_value", [("bce", 0.0, 1.0), ("mse", 0.1, 1.0), ("huber", 0.0, 0.5)])
 def test_critic_step_with_each_value_loss(loss, clip, lambda_value):
-    from prime_values.models import build_char_tokenizer, build_critic
     from prime_values.critic_io import critic_step
+    from prime_values.models import build_char_tokenizer, build_critic
 
     cfg = OmegaConf.structured(Config)
     cfg.critic.loss, cfg.critic.value_clip, cfg.advantage.lambda_value = loss, clip, lambda_value
@@ -516,8 +514,8 @@ def test_critic_step_targets_with_lambda_below_one_bootstrap_a_cut_trace_as_the_
     context cut they must bootstrap with V(s_cut) (the reward lies beyond the cut), exactly as `score_group`
     computes them from the evaluator's scores of the same critic, and as `advantages_and_targets` defines them."""
     from prime_values.algo.gae import advantages_and_targets
-    from prime_values.models import build_char_tokenizer, build_critic
     from prime_values.critic_io import value_targets
+    from prime_values.models import build_char_tokenizer, build_critic
 
     cfg = OmegaConf.structured(Config)
     cfg.critic.loss, cfg.advantage.lambda_value, cfg.advantage.gamma = loss, 0.5, 1.0

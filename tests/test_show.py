@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+import log_rows
 from prime_values.config import Config
 from prime_values.log import SegmentWriter
 from prime_values.models.tokenizer import build_char_tokenizer
 from prime_values.tools.show import main, token_pieces, value_steps
-
-import log_rows
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTILE = "<script>alert(1)</script>\x1b[31mred\u202e"

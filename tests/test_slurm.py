@@ -17,8 +17,14 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from prime_values.launch.slurm import (FINISHED, _squeue_states, cancel_all, job_states, make_slurm_executor,
-                                       parse_extra_sbatch)
+from prime_values.launch.slurm import (
+    FINISHED,
+    _squeue_states,
+    cancel_all,
+    job_states,
+    make_slurm_executor,
+    parse_extra_sbatch,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "launchers" / "local_slurm"))
@@ -289,8 +295,7 @@ def test_placement_over_nodes_and_what_each_node_is_asked_for():
     """launcher.nodes / launcher.placement.* (no cluster needed): the rule, the per-node request, the GPU positions
     of a trainer over two nodes, and one sentence for each layout that cannot be."""
     from e2e_helpers import compose
-    from prime_values.launch.slurm import (describe_request, gpu_offsets, pipeline_request, placement_problem,
-                                           role_nodes)
+    from prime_values.launch.slurm import describe_request, gpu_offsets, pipeline_request, placement_problem, role_nodes
 
     cfg = compose(["+experiment=arith", "topology.policy_trainer_procs=2"])
     cfg.topology.policy_trainer_device, cfg.topology.value_trainer_device = "cuda:0", "cuda:2"  # (no GPU here)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import smollm_grid as sg  # noqa: E402
+from bench import smollm_grid as sg
 
 
 def heldout(run: Path, step: int, correct: list[int]) -> None:

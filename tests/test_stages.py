@@ -294,7 +294,7 @@ def test_gpu_check_figures_from_the_math_run(math_run):
 @pytest.mark.slow
 def test_a_killed_stage_job_fails_at_once_with_its_signal(tmp_path):
     """A stage job that dies without a result (SIGKILL: the OOM killer, a node's cleanup) fails its stage with the
-    cause read from the job controller's exit state, as a role's death is read (conductor.job_end); submitit's
+    cause read from the job controller's exit state, as a role's death is read (supervisor.exit_cause); submitit's
     `exception()` would first wait 15 s for the result pickle and then report only 'no output'."""
     import signal
     import time

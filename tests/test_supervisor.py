@@ -341,9 +341,8 @@ def _failing_thread() -> None:
 
 
 def test_a_failed_background_thread_ends_the_role_with_its_error(tmp_path):
-    from role_context import bare_role_context
-
     from prime_values.roles.common import BackgroundThreadFailed
+    from role_context import bare_role_context
 
     run, ctx = RunDir(tmp_path), bare_role_context(tmp_path, "value_trainer")
     assert not run.heartbeat_file("value_trainer").exists()  # not up before its loop runs

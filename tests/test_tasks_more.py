@@ -10,7 +10,6 @@ import textwrap
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from prime_values.__main__ import precheck
 from prime_values.tasks import ReverseTextTask, make_task

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
-import test_tasks_more
-from test_tasks_more import _cfg, _runs
 
+import test_tasks_more
 from prime_values.tasks import make_task
+from test_tasks_more import _cfg, _runs
 
 tiny = test_tasks_more.tiny  # the fixture: a tiny policy and the character tokenizer
 
@@ -117,9 +117,9 @@ def test_critic_warm_start_samples_episodes(follow_up, tiny):
 
 
 def test_eval_stage_reports_avg_and_pass_at_k_of_episodes(follow_up, tiny, tmp_path):
+    from prime_values.config import prepare
     from prime_values.models import save_model
     from prime_values.stages import evaluate
-    from prime_values.config import prepare
 
     tokenizer, model = tiny
     cfg, _, expected = follow_up

@@ -23,16 +23,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from omegaconf import OmegaConf
+
+from prime_values.backends.vllm import VLLMBackend
+from prime_values.config import Config
+from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, lora, save_model
+from prime_values.models.sampling import teacher_forced_logprobs
+from prime_values.weights import publish, version_dir
 
 pytestmark = pytest.mark.vllm  # vLLM itself is imported by the tests only: without it they fail, never skip
-
-from omegaconf import OmegaConf  # noqa: E402
-
-from prime_values.backends.vllm import VLLMBackend  # noqa: E402
-from prime_values.config import Config  # noqa: E402
-from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, lora, save_model  # noqa: E402
-from prime_values.models.sampling import teacher_forced_logprobs  # noqa: E402
-from prime_values.weights import publish, version_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-3
@@ -194,7 +193,8 @@ class TestLoraVersions:
                 began = time.perf_counter()
                 assert backend.policy.poll() and backend.policy.version == version
                 took = time.perf_counter() - began
-                assert backend.llm is llm and backend.loaded == base.resolve(), "the base is neither restarted nor reloaded"
+                assert backend.llm is llm and backend.loaded == base.resolve(), \
+                    "the base is neither restarted nor reloaded"
                 merged = lora.load_merged(version_dir(root, version), "policy")
                 completions = sample(backend, tokenizer, 0.7)
                 error = max_error(merged, tokenizer, completions, 0.7)
@@ -226,9 +226,8 @@ def test_pipeline_runs_with_vllm(tmp_path):
     are what TestFullVersions checks, this test checks the plumbing of a run around the engine."""
     import pyarrow.dataset as ds
 
-    from prime_values.monitor import read_metrics
-
     from e2e_helpers import assert_learned, run_pipeline
+    from prime_values.monitor import read_metrics
 
     # the suite's reward-earning configuration and session checkpoint (tests/e2e_helpers.py): version 0 solves about
     # half the one-digit sums, so the vLLM-sampled groups mix rewards and the run must show that it learned

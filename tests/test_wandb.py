@@ -16,10 +16,14 @@ from omegaconf import OmegaConf
 from prime_values.config import Config, ConfigError, check_wandb
 from prime_values.monitor import MetricsWriter
 from prime_values.rundir import RunDir
-from prime_values.wandb_sink import (WandbForwarder, has_api_key, record_to_row, resolve_mode,
-                                     sweep_group, sweep_point_name)
-
-import wandb  # noqa: E402  (a test extra: missing, the module fails rather than skips)
+from prime_values.wandb_sink import (
+    WandbForwarder,
+    has_api_key,
+    record_to_row,
+    resolve_mode,
+    sweep_group,
+    sweep_point_name,
+)
 
 
 def config(**wandb_keys):

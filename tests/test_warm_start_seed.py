@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 import pytest
-from e2e_helpers import REPO, SMALL, compose, env_for_runs
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
+
+from e2e_helpers import REPO, SMALL, compose, env_for_runs
 
 # a few SFT steps and critic pretraining steps of SMALL's 0.15M-parameter model: enough to move every weight
 QUICK = [*SMALL, "policy.warm_start.steps=3", "policy.warm_start.target_accuracy=0", "critic.warm_start.steps=2",

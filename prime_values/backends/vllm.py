@@ -27,12 +27,12 @@ import os
 import random
 from pathlib import Path
 
-from safetensors import safe_open
 import torch
+from safetensors import safe_open
 
+from prime_values.backends.vllm_worker import ADAPTER_WEIGHTS, weight_files
 from prime_values.models import lora
 from prime_values.models.sampling import Completion
-from prime_values.backends.vllm_worker import ADAPTER_WEIGHTS, weight_files
 from prime_values.weights import Adopter
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class VLLMBackend:
             try:
                 self._load_in_place(previous)
                 self.loaded = previous
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - the undo failed in any way: the engine is marked failed
                 self.failure = EngineFailed(f"a failed in-place reload of {path} could not be undone ({error}); "
                                             "the engine holds weights of no version")
             raise
@@ -211,6 +211,6 @@ class VLLMBackend:
         if self.llm is not None:
             try:
                 self.llm.llm_engine.engine_core.shutdown()
-            except Exception as error:  # best effort: the job's end kills what is left
+            except Exception as error:  # noqa: BLE001 - a shutdown that fails must not hide the run's own outcome
                 log.warning("vLLM engine shutdown: %s", error)
             self.llm = None

@@ -11,7 +11,7 @@ embedded model's token budgets, the stages'), and `prepare` makes the config a r
 the keys (`derived.py`) are resolved once when the run is prepared and saved with it.
 """
 
-from omegaconf import MISSING  # noqa: F401  (re-exported for conf authors)
+from omegaconf import MISSING  # re-exported for conf authors
 
 from prime_values.config.advantage import AdvantageConfig
 from prime_values.config.base import ConfigError, check_fields, choice, free, ranged
@@ -26,8 +26,15 @@ from prime_values.config.replay import ReplayConfig
 from prime_values.config.root import CHECKS, Config, load_saved, prepare, register, schema, task_class, validate
 from prime_values.config.schedule import ScheduleConfig
 from prime_values.config.stages import STAGES, EvalConfig, SFTConfig, check_stages, plan
-from prime_values.config.task import (TASK_CONFIGS, ArithTaskConfig, MathTaskConfig, ReasoningGymTaskConfig,
-                                      ReverseTextTaskConfig, TaskConfig, VerifiersTaskConfig)
+from prime_values.config.task import (
+                                      TASK_CONFIGS,
+                                      ArithTaskConfig,
+                                      MathTaskConfig,
+                                      ReasoningGymTaskConfig,
+                                      ReverseTextTaskConfig,
+                                      TaskConfig,
+                                      VerifiersTaskConfig,
+)
 from prime_values.config.topology import TopologyConfig
 from prime_values.config.wandb import WANDB_MODES, WandbConfig, check_wandb
 

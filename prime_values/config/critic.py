@@ -9,6 +9,14 @@ from typing import Optional
 from prime_values.config.base import ConfigError, choice, free, ranged
 from prime_values.config.policy import LoraSettings, path_like
 
+ORACLE_TASKS = ("guess",)
+"""the tasks that play games on from any state (`task.continuations`), so critic.oracle_samples can value them"""
+
+
+def trains_critic(cfg) -> bool:
+    """The run trains a critic (a value trainer, critic pretraining): it uses one, and it is not the oracle."""
+    return not cfg.critic.get("oracle_samples", 0)
+
 
 @dataclass
 class WarmupConfig:
@@ -99,6 +107,12 @@ class CriticConfig:
     throttle_factor: float = ranged(0.0, ">= 0")
     """sleep this many times each critic optimizer step's own duration after it (9 = a critic 10x slower; a
     benchmark knob that simulates a slow critic whatever the machine)"""
+    oracle_samples: int = ranged(0, ">= 0")
+    """0 = a learnt critic. K > 0 = the oracle (critic=oracle): no critic is trained (no value trainer, no critic
+    pretraining); the evaluator values the state before every policy token of every rollout as the mean reward of
+    K games played on from it by the newest policy version it has adopted (Monte-Carlo, the task's
+    `continuations`: task=guess), written as critic version 0. The ceiling of what any critic of this policy buys
+    (docs/value_functions.md, "The oracle"); K games per state cost about K x the rollouts' own sampling"""
     warm_start: CriticWarmStartConfig = field(default_factory=CriticWarmStartConfig)
     """critic pretraining in the warm-start job"""
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
@@ -115,6 +129,14 @@ class CriticConfig:
             raise ConfigError(f"critic.value_clip={critic.value_clip} must be >= 0 and is not defined for "
                               "critic.loss=bce; set critic.value_clip=0")
         CriticWarmStartConfig.check(cfg, environment)
+        if critic.oracle_samples:
+            if cfg.task.name not in ORACLE_TASKS:
+                raise ConfigError(f"critic.oracle_samples={critic.oracle_samples}: task={cfg.task.name} cannot play "
+                                  f"games on from a state; the oracle runs on task={' / task='.join(ORACLE_TASKS)} "
+                                  "(or set critic.oracle_samples=0 for a learnt critic)")
+            if cfg.topology.evaluator != "dedicated":
+                raise ConfigError(f"critic.oracle_samples={critic.oracle_samples} needs topology.evaluator=dedicated "
+                                  f"(got {cfg.topology.evaluator}): the oracle has no value trainer to colocate with")
         init = critic.init
         if environment and init not in ("policy", "scratch") and not Path(init).expanduser().is_dir() and \
                 (path_like(init) or "/" not in init):

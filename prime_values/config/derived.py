@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from omegaconf import MISSING, OmegaConf
 
 from prime_values.config.advantage import CRITIC_ESTIMATORS
+from prime_values.config.critic import trains_critic
 from prime_values.launch.topology import pipeline_roles, role_procs
 
 
@@ -32,7 +33,8 @@ def derive(cfg) -> dict:
     """The `resolved` section of `cfg` (every fact from the keys it is derived from)."""
     lockstep = cfg.schedule.mode == "lockstep"
     uses_critic = cfg.advantage.estimator in CRITIC_ESTIMATORS
-    cpu = sum(role_procs(cfg.topology, spec.role) for spec in pipeline_roles(cfg.topology, uses_critic)
+    roles = pipeline_roles(cfg.topology, uses_critic, trains_critic(cfg))
+    cpu = sum(role_procs(cfg.topology, spec.role) for spec in roles
               if spec.role != "orchestrator" and not str(spec.device).startswith("cuda"))
     return {"uses_critic": uses_critic, "lockstep": lockstep,
             "max_off_policy": 0 if lockstep else int(cfg.schedule.max_off_policy), "cpu_processes": cpu}

@@ -48,7 +48,8 @@ class InferenceConfig:
         rollouts = inference.prompts_per_step * inference.group_size
         if rollouts < estimator.min_batch_size:
             raise ConfigError(f"inference.prompts_per_step={inference.prompts_per_step} x inference.group_size="
-                              f"{inference.group_size} is a batch of {rollouts} rollout{'s' * (rollouts != 1)}, too few for advantage="
+                              f"{inference.group_size} is a batch of {rollouts} rollout{'s' * (rollouts != 1)}, "
+                              "too few for advantage="
                               f"{name} (a batch of one is its own baseline: every advantage would be 0); raise "
                               "inference.prompts_per_step or inference.group_size so a batch has >= "
                               f"{estimator.min_batch_size} rollouts, or use advantage={_critic_baselines()}, whose "

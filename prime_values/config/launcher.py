@@ -9,7 +9,6 @@ from typing import Any, Optional
 
 from prime_values.config.base import ConfigError, choice, free, ranged
 
-
 ONE_NODE = "null, a node index 0..launcher.nodes-1: launch.slurm.placement_problem"
 NODES = "null, a node index 0..launcher.nodes-1, or a list of consecutive ones: launch.slurm.placement_problem"
 

@@ -62,7 +62,8 @@ class WarmStartConfig:
     version 0, so their spread is RL's own"""
     target_accuracy: float = ranged(0.3, "in [0, 1]")
     """stop SFT early once greedy accuracy on a fixed validation sample of training problems
-    (never the held-out set) reaches this (checked every `check_every` steps; 0 = never stop early), so RL starts from a policy that solves some problems but has room to improve"""
+    (never the held-out set) reaches this (checked every `check_every` steps; 0 = never stop early), so RL starts
+    from a policy that solves some problems but has room to improve"""
     check_every: int = ranged(25, ">= 1")
     """SFT steps between validation checks of target_accuracy"""
     batch_size: int = ranged(128, ">= 1")

@@ -10,8 +10,8 @@ from typing import List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from prime_values.config.advantage import AdvantageConfig
 from prime_values.budget import BudgetError, check_embedded_budget
+from prime_values.config.advantage import AdvantageConfig
 from prime_values.config.base import ConfigError, check_fields, free, ranged, reported
 from prime_values.config.critic import CriticConfig
 from prime_values.config.derived import Resolved, derive, resolve
@@ -22,8 +22,7 @@ from prime_values.config.policy import LoraSettings, PolicyConfig, TinyArch
 from prime_values.config.replay import ReplayConfig
 from prime_values.config.schedule import ScheduleConfig
 from prime_values.config.stages import EvalConfig, SFTConfig, check_stages
-from prime_values.config.task import (TASK_CONFIGS, TASK_NAMES, ArithTaskConfig, TaskConfig, owner_of,
-                                      unknown_key_hint)
+from prime_values.config.task import TASK_CONFIGS, TASK_NAMES, ArithTaskConfig, TaskConfig, owner_of, unknown_key_hint
 from prime_values.config.topology import TopologyConfig
 from prime_values.config.wandb import WandbConfig
 from prime_values.launch import DEVICE_KEYS, resolve_devices
@@ -92,6 +91,9 @@ def register() -> None:
 def task_class(cfg) -> type[TaskConfig]:
     """The config class of cfg's task: the one the `task` group chose, else the one task.name names."""
     name = cfg.task.name
+    if isinstance(name, str) and (":" in name or "." in name):
+        raise ConfigError(f"task.name={name!r} is an import path; name a task class of your own with task=custom "
+                          f"task.target={name} (docs/extending.md, \"A task\")")
     chosen = OmegaConf.get_type(cfg.task) if isinstance(cfg.task, DictConfig) else None
     if isinstance(chosen, type) and issubclass(chosen, TaskConfig) and chosen is not TaskConfig:
         own = chosen.__dataclass_fields__["name"].default
@@ -192,8 +194,8 @@ def _check_lora(cfg, environment: bool) -> None:
 # Every cross-field check, in the order validate runs them (after every field's own rules): each section's, the
 # task's own rules, the embedded model's token budgets, the stages'. Nothing is validated outside this tuple.
 CHECKS = (LauncherConfig.check, CriticConfig.check, PolicyConfig.check, PolicyConfig.check_attention,
-          TinyArch.check, AdvantageConfig.check, InferenceConfig.check, ReplayConfig.check, _check_task, _check_budget, _check_lora,
-          ScheduleConfig.check, TopologyConfig.check, EvalConfig.check, WandbConfig.check, check_stages,
+          TinyArch.check, AdvantageConfig.check, InferenceConfig.check, ReplayConfig.check, _check_task, _check_budget,
+          _check_lora, ScheduleConfig.check, TopologyConfig.check, EvalConfig.check, WandbConfig.check, check_stages,
           SFTConfig.check)
 
 

@@ -9,14 +9,19 @@ import importlib.util
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional
 
+from prime_values import backends
 from prime_values.config.base import ConfigError, choice, free, ranged, reported
-from prime_values.tasks import make_task
+from prime_values.tasks import CUSTOM, make_task, user_task_arguments, user_task_class
 from prime_values.tasks.math import MathDataError, check_settings as check_math_settings, resolve_source
 from prime_values.tasks.pool import PromptPool
-from prime_values.tasks.reasoning_gym import (ANSWER_FORMATS, ReasoningGymError, check_chat_source,
-                                              check_settings as check_gym_settings)
+from prime_values.tasks.reasoning_gym import (
+    ANSWER_FORMATS,
+    ReasoningGymError,
+    check_chat_source,
+    check_settings as check_gym_settings,
+)
 
-TASK_NAMES = ("arith", "guess", "reverse_text", "math", "reasoning_gym", "verifiers")
+TASK_NAMES = ("arith", "guess", "reverse_text", "math", "reasoning_gym", "verifiers", CUSTOM)
 
 
 @dataclass
@@ -27,8 +32,9 @@ class TaskConfig:
     """task: 'arith' (procedural arithmetic, verified exactly), 'guess' (a multi-turn game against a hidden secret
     number, the critic's privileged context), 'reverse_text' (reverse a generated string, partial
     credit), 'math' (GSM8K/MATH-style data, math-verify), 'reasoning_gym' (problems a reasoning-gym generator
-    makes offline, final answer checked by math-verify) or 'verifiers' (an environment of the `verifiers` package);
-    chosen with the group (task=math), which brings that task's keys"""
+    makes offline, final answer checked by math-verify), 'verifiers' (an environment of the `verifiers` package) or
+    'custom' (a task class of your own, task.target=package.module:Class: docs/extending.md); chosen with the group
+    (task=math), which brings that task's keys"""
     heldout_size: int = ranged(200, ">= 1")
     """size of the fixed held-out evaluation set (never trained on)"""
     train_pool: int = ranged(0, ">= 0")
@@ -52,8 +58,8 @@ class TaskConfig:
                 PromptPool(task, cfg.task.train_pool, cfg.task.seed)
         except ValueError as error:
             message = str(error)
-            raise ConfigError(message if message.startswith("task.") else f"task ({cfg.task.name}): {message}") \
-                from None
+            where = f"task.target={cfg.task.target}" if cfg.task.name == CUSTOM else f"task ({cfg.task.name})"
+            raise ConfigError(message if message.startswith("task.") else f"{where}: {message}") from None
 
 
 @dataclass
@@ -67,7 +73,10 @@ class ArithTaskConfig(TaskConfig):
     """arith: 0 = off; else each operand draws its digit count uniformly from min_digits..digits first, so every
     difficulty comes in equal shares (1..digits: one-digit problems as common as the longest ones)"""
     operands: int = free(2, ">= 2: prime_values/tasks/arith.py check_settings")
-    """numbers per problem, >= 2"""
+    """numbers per problem, >= 2 (with min_operands: the most)"""
+    min_operands: int = free(0, "0 or 2..operands: prime_values/tasks/arith.py check_settings")
+    """arith: 0 = off; else each problem draws its operand count uniformly from min_operands..operands, so every
+    batch mixes short and long problems (a per-prompt baseline can tell them apart, a batch mean cannot)"""
     ops: str = "+"
     """operators drawn from, any non-empty subset of '+-*'"""
     show_work: bool = False
@@ -95,7 +104,8 @@ class GuessTaskConfig(TaskConfig):
     """guess: policy turns per game; the game ends at the secret (reward 1) or after max_turns turns (reward 0)"""
     feedback: str = choice("direction", "interval", "direction")
     """guess: the environment's reply to a wrong guess: 'direction' ('<' lower, '>' higher: the policy keeps
-    track of the range itself) or 'interval' (the range left, '9-15?': the game is Markov in the last reply); a reply that is not a number in 1..N gets '!' and costs its turn"""
+    track of the range itself) or 'interval' (the range left, '9-15?': the game is Markov in the last reply); a
+    reply that is not a number in 1..N gets '!' and costs its turn"""
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
@@ -266,15 +276,46 @@ class VerifiersTaskConfig(TaskConfig):
             check_env_id(cfg.task.env_id, cfg.task.env_class)
 
 
+@dataclass
+class CustomTaskConfig(TaskConfig):
+    """A task class of your own, named by import path and built in every process that needs it; the keys every
+    task has reach its constructor as heldout_size and seed (docs/extending.md, "A task")."""
+
+    name: str = choice(CUSTOM, *TASK_NAMES)
+    target: str = free("", "an import path; CustomTaskConfig.check imports the class and checks its members")
+    """custom: the task's class as package.module:Class (or package.module.Class), importable in every process:
+    install its package or put its directory on PYTHONPATH (the role processes inherit the environment)"""
+    args: Dict[str, Any] = field(default_factory=dict)
+    """custom: the constructor's keyword arguments besides heldout_size and seed, on the command line
+    +task.args.top=20"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        """The class imports and has every member of a task, task.args fit its constructor, and where it plays its
+        own turns the inference backend is hf; on this machine (`environment`) the task is built, as the roles
+        will build it (with task.train_pool, that many distinct problems exist)."""
+        task = cfg.task
+        try:
+            cls = user_task_class(task.target)
+            user_task_arguments(cls, task.target, task.args, task.heldout_size, task.seed)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if hasattr(cls, "rollout"):
+            backend = cfg.inference.backend
+            if backend == "auto":
+                backend = backends.choose(cfg, try_import=False)[0]
+            if backend == "vllm":
+                raise ConfigError(f"task.target={task.target} plays its own turns (it has rollout) through the "
+                                  f"transformers model; use inference=hf with it (inference={cfg.inference.backend} "
+                                  "samples single-turn replies through vLLM)")
+        if environment:
+            TaskConfig.check_build(cfg)
+
+
 TASK_CONFIGS: dict[str, type[TaskConfig]] = {
     "arith": ArithTaskConfig, "guess": GuessTaskConfig, "reverse_text": ReverseTextTaskConfig, "math": MathTaskConfig,
-    "reasoning_gym": ReasoningGymTaskConfig, "verifiers": VerifiersTaskConfig}
+    "reasoning_gym": ReasoningGymTaskConfig, "verifiers": VerifiersTaskConfig, CUSTOM: CustomTaskConfig}
 assert tuple(TASK_CONFIGS) == TASK_NAMES
-
-
-def task_keys(name: str) -> list[str]:
-    """The keys of task `name` (every key when it is not a task)."""
-    return [f.name for f in fields(TASK_CONFIGS.get(name, TaskConfig))]
 
 
 def owner_of(key: str) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from prime_values.launch.topology import pipeline_roles, role_gpus, role_procs  # noqa: F401  (the supervisor's)
+from prime_values.launch.topology import role_gpus
 from prime_values.roles import ENTRYPOINTS
 
 DEVICE_KEYS = ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device")

@@ -19,6 +19,7 @@ from typing import Any
 
 import submitit
 
+from prime_values.config.critic import trains_critic
 from prime_values.config.derived import derive
 from prime_values.launch.local import _tail, last_error_line, result_error, signal_name
 from prime_values.launch.topology import pipeline_roles, role_gpus, role_procs
@@ -218,14 +219,6 @@ def in_allocation() -> bool:
     return bool(os.environ.get(ALLOCATION_ENV)) and bool(os.environ.get("SLURM_JOB_ID"))
 
 
-def pipeline_processes(cfg) -> list[tuple[str, int, int]]:
-    """(role job, processes, GPUs) of every role the rl stage runs at once (the warm start runs before them)."""
-    topo = cfg.topology
-    roles = pipeline_roles(topo, derive(cfg)["uses_critic"])  # also before the run is prepared (validate)
-    return [(spec.name, role_procs(topo, spec.role), role_gpus(topo, spec.role) if str(spec.device).startswith("cuda")
-             else 0) for spec in roles]
-
-
 GENERATION_ROLES = ("inference", "evaluator", "orchestrator")  # with launcher.nodes >= 2: node 0, beside the conductor
 PLACED_ROLES = (*GENERATION_ROLES, "policy_trainer", "value_trainer")
 
@@ -270,7 +263,7 @@ def placement_problem(cfg) -> str | None:
                 return (f"launcher.placement.{role}={list(where)}: topology.{role}_procs={procs} processes do not "
                         f"split evenly over {len(where)} nodes; make it a multiple of {len(where)}")
     if nodes > 1:
-        used = {n for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"])
+        used = {n for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"], trains_critic(cfg))
                 for n in role_nodes(cfg, spec.role)} | {0}
         idle = [n for n in range(nodes) if n not in used]
         if idle:
@@ -283,7 +276,8 @@ def placement_problem(cfg) -> str | None:
 def pipeline_processes(cfg) -> list[tuple[str, int, int]]:
     """(role job, processes, GPUs) of every role the rl stage runs at once (the warm start runs before them)."""
     topo = cfg.topology
-    roles = pipeline_roles(topo, derive(cfg)["uses_critic"])  # also before the run is prepared (validate)
+    # also before the run is prepared (validate)
+    roles = pipeline_roles(topo, derive(cfg)["uses_critic"], trains_critic(cfg))
     return [(spec.name, role_procs(topo, spec.role), role_gpus(topo, spec.role) if str(spec.device).startswith("cuda")
              else 0) for spec in roles]
 
@@ -293,7 +287,8 @@ def pipeline_layout(cfg) -> list[dict]:
     nodes has an equal share of its processes (and GPUs) on each."""
     nodes = int(cfg.launcher.get("nodes", 1))
     layout = [{"roles": [], "procs": 0, "gpus": 0} for _ in range(nodes)]
-    roles = {spec.name: spec.role for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"])}
+    roles = {spec.name: spec.role
+             for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"], trains_critic(cfg))}
     for name, procs, gpus in pipeline_processes(cfg):
         where = role_nodes(cfg, roles[name])
         for n in where:
@@ -411,7 +406,8 @@ def gpu_offsets(cfg) -> dict[str, int]:
     """Where each GPU role's GPUs start among the allocation's on its node(s): in the order the allocation is sized
     for (`pipeline_processes`), each role the next ones free on its nodes (a role over several nodes the same
     positions on each); the warm start, which runs alone before them, from 0."""
-    roles = {spec.name: spec.role for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"])}
+    roles = {spec.name: spec.role
+             for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"], trains_critic(cfg))}
     offsets, free_from = {"warm_start": 0}, {}
     for name, _, gpus in pipeline_processes(cfg):
         if gpus:

@@ -27,9 +27,10 @@ class RoleSpec(NamedTuple):
     args: tuple = ()
 
 
-def pipeline_roles(topology, with_critic: bool) -> list[RoleSpec]:
+def pipeline_roles(topology, with_critic: bool, value_trainer: bool = True) -> list[RoleSpec]:
     """Every role job the rl stage runs at once (the warm start runs before them), in start order: the one list
-    the supervisor starts and the SLURM allocation is sized for."""
+    the supervisor starts and the SLURM allocation is sized for. `value_trainer`: False for the oracle critic
+    (critic.oracle_samples: evaluators, no value trainer)."""
     roles = [RoleSpec(f"inference{w}", "inference", topology.inference_device, (w,))
              for w in range(topology.inference_workers)]
     if with_critic and topology.evaluator == "dedicated":
@@ -37,6 +38,6 @@ def pipeline_roles(topology, with_critic: bool) -> list[RoleSpec]:
                   for i in range(topology.evaluators)]
     roles += [RoleSpec("orchestrator", "orchestrator", "cpu"),
               RoleSpec("policy_trainer", "policy_trainer", topology.policy_trainer_device)]
-    if with_critic:
+    if with_critic and value_trainer:
         roles.append(RoleSpec("value_trainer", "value_trainer", topology.value_trainer_device))
     return roles

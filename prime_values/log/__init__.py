@@ -5,8 +5,7 @@ Knows nothing of models (pyarrow, numpy and the standard library only). See docs
 
 from .records import SCHEMA_VERSION, SCHEMAS, per_token, to_rows, to_table
 from .retention import apply_retention
-from .segments import (CorruptSegment, LogReader, NewerSchemaVersion, Segment, SegmentWriter, load_cursor,
-                       read_segment)
+from .segments import CorruptSegment, LogReader, NewerSchemaVersion, Segment, SegmentWriter, load_cursor, read_segment
 
-__all__ = ["SCHEMA_VERSION", "SCHEMAS", "to_table", "to_rows", "per_token", "SegmentWriter", "read_segment", "CorruptSegment",
-           "NewerSchemaVersion", "LogReader", "Segment", "load_cursor", "apply_retention"]
+__all__ = ["SCHEMA_VERSION", "SCHEMAS", "to_table", "to_rows", "per_token", "SegmentWriter", "read_segment",
+           "CorruptSegment", "NewerSchemaVersion", "LogReader", "Segment", "load_cursor", "apply_retention"]

@@ -177,7 +177,7 @@ def flash_attn_importable() -> tuple[bool, str]:
         return False, "flash-attn not installed"
     try:
         importlib.import_module("flash_attn")
-    except Exception as error:  # a build for another torch / CUDA: an ImportError or an undefined symbol
+    except Exception as error:  # noqa: BLE001 - another model's state: fresh optimizer
         return False, f"flash-attn installed but does not import ({type(error).__name__}: {str(error)[:120]})"
     if not is_flash_attn_2_available():
         return False, "flash-attn installed but transformers cannot use it (no CUDA, or an unsupported version)"
@@ -518,7 +518,7 @@ def read_optimizer_state(path: str | os.PathLike) -> tuple[dict | None, str]:
         return None, f"no optimizer state in {path}: fresh optimizer"
     try:
         return torch.load(file, map_location="cpu", weights_only=True), f"optimizer state restored from {file}"
-    except Exception as error:  # torn or foreign file: never fatal
+    except Exception as error:  # noqa: BLE001 - an unreadable optimizer state means a fresh optimizer
         return None, f"optimizer state {file} unusable ({type(error).__name__}: {error}): fresh optimizer"
 
 
@@ -530,6 +530,6 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, path: str | os.PathLi
         return said
     try:
         optimizer.load_state_dict(state)
-    except Exception as error:  # noqa: BLE001 - another model's state: fresh optimizer
+    except Exception as error:  # noqa: BLE001 - a state that does not fit means a fresh optimizer
         return f"optimizer state in {path} unusable ({type(error).__name__}: {error}): fresh optimizer"
     return said

@@ -32,9 +32,19 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
 # the loading side of adapter versions lives in build (load_policy / load_critic merge them); re-exported here
-from prime_values.models.build import (ADAPTER_CONFIG, BASE_RECORD, DEFAULT_ATTENTION, Attention,  # noqa: F401
-                                       _quiet_peft, base_of, is_adapter, kind_of, load_critic, load_merged,
-                                       load_policy, save_model)
+from prime_values.models.build import (
+    ADAPTER_CONFIG,
+    BASE_RECORD,
+    DEFAULT_ATTENTION,
+    Attention,
+    _quiet_peft,
+    base_of,
+    is_adapter,
+    load_critic,
+    load_merged,
+    load_policy,
+    save_model,
+)
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -17,11 +17,10 @@ A hand-written KV-cache decode loop (left-padded prompts, explicit position ids)
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-
-import inspect
 
 import torch
 from transformers import DynamicCache

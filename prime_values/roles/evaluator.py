@@ -17,7 +17,39 @@ from prime_values.log.records import to_rows, token_digest
 from prime_values.monitor import Timers
 from prime_values.roles import evaluator_name
 from prime_values.roles.common import RoleContext
+from prime_values.tasks import make_task
 from prime_values.weights import Adopter
+
+
+class OracleValues:
+    """critic.oracle_samples = K: V(s_t) at every policy token t of each rollout, the mean reward of K games the
+    given policy plays on from the state before t (the task's `continuations`, one batched play per scoring
+    chunk); 0 at the environment's and the prompt's tokens, as a critic's values are."""
+
+    def __init__(self, cfg, task, tokenizer, seed: int):
+        self.cfg, self.task, self.tokenizer, self.seed = cfg, task, tokenizer, seed
+        self.calls = 0
+
+    def __call__(self, policy, rows: list[dict]) -> list[list[float]]:
+        starts, where = [], []
+        for b, row in enumerate(rows):
+            ids, mask = list(row["token_ids"]), [int(m) for m in row["policy_mask"]]
+            first = mask.index(1) if 1 in mask else len(mask)
+            problem = self.task.problem_from(self.tokenizer.decode(ids[:first], skip_special_tokens=True),
+                                             row["privileged"])
+            for j, m in enumerate(mask):
+                if m:
+                    starts.append((problem, ids[:j], mask[:j]))
+                    where.append((b, j))
+        self.calls += 1
+        inference = self.cfg.inference
+        played = self.task.continuations(policy, self.tokenizer, starts, self.cfg.critic.oracle_samples,
+                                         inference.max_new_tokens, inference.temperature,
+                                         seed=self.seed + 104729 * self.calls, batch_size=1024)
+        values = [[0.0] * len(row["token_ids"]) for row in rows]
+        for (b, j), games in zip(where, played):
+            values[b][j] = sum(g.reward for g in games) / len(games)
+        return values
 
 
 def evaluator_shards(index: int, count: int):
@@ -48,10 +80,11 @@ class Scorer:
 
     @torch.no_grad()
     def score_pending(self, critic, critic_version: int, max_segments: int = 4, skipped_versions: int = 0,
-                      weights=contextlib.nullcontext) -> int:
+                      weights=contextlib.nullcontext, oracle: OracleValues | None = None) -> int:
         """Score what has arrived since the last call; returns the number of rollouts scored.
         `skipped_versions`: critic versions the caller could not load (logged with the figures). `weights`: a
-        context in which `critic` holds the weights of `critic_version` (colocated: the published average)."""
+        context in which `critic` holds the weights of `critic_version` (colocated: the published average).
+        `oracle`: `critic` is the policy, and the oracle's values are written instead of a critic's."""
         with self.timers.time("io"):
             segments = self.pending + self.reader.poll(max_segments=max_segments)
         if not segments:
@@ -69,6 +102,13 @@ class Scorer:
         with self.timers.time("compute"), weights():
             for begin in range(0, len(rows), self.cfg.critic.score_batch_rollouts):
                 chunk = rows[begin: begin + self.cfg.critic.score_batch_rollouts]
+                if oracle is not None:
+                    now = time.time()
+                    out += [{"rollout_id": row["rollout_id"], "critic_version": critic_version, "values": values,
+                             "cut": False, "valued_tokens": len(row["token_ids"]), "bootstrap_value": 0.0,
+                             "token_digest": token_digest(row["token_ids"]), "scored_at": now}
+                            for row, values in zip(chunk, oracle(critic, chunk))]
+                    continue
                 inputs = CriticInputs.of(chunk, self.tokenizer, self.cfg.critic, self.ctx.device)
                 values = inputs.values(critic, self.cfg.critic.loss).float().cpu()
                 now = time.time()
@@ -103,8 +143,17 @@ def main(run_dir: str, index: int = 0) -> None:
 
     ctx = RoleContext(run_dir, evaluator_name(index), "evaluator_device")
     timers = Timers()
-    critic = Adopter(ctx.run.weights("critic"),  # LoRA: adapter in place
-                     lora.Adopting(functools.partial(load_critic, attention=ctx.attention), ctx.device))
+    oracle = None
+    if ctx.cfg.critic.oracle_samples:  # the oracle: the newest policy plays games on from every state
+        from prime_values.models import load_policy
+
+        tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
+        oracle = OracleValues(ctx.cfg, make_task(**ctx.cfg.task), tokenizer, ctx.seed(index))
+        critic = Adopter(ctx.run.weights("policy"),
+                         lora.Adopting(functools.partial(load_policy, attention=ctx.attention), ctx.device))
+    else:
+        critic = Adopter(ctx.run.weights("critic"),  # LoRA: adapter in place
+                         lora.Adopting(functools.partial(load_critic, attention=ctx.attention), ctx.device))
     with timers.time("wait"):
         critic.wait(timeout_s=600, stop=ctx.stopping)
     tokenizer = AutoTokenizer.from_pretrained(ctx.run.weights("policy") / "0")
@@ -112,7 +161,9 @@ def main(run_dir: str, index: int = 0) -> None:
     while not ctx.stopping():
         with timers.time("io"):
             critic.poll()  # adopt a newer critic version between scoring batches
-        if not scorer.score_pending(critic.value, critic.version, skipped_versions=len(critic.skipped)):
+        # the oracle's values are critic version 0 (no critic is trained); it plays with the adopted policy
+        version = 0 if oracle is not None else critic.version
+        if not scorer.score_pending(critic.value, version, skipped_versions=len(critic.skipped), oracle=oracle):
             ctx.doing("waiting for rollouts to score", note=f"critic v{critic.version}")
             with timers.time("wait"):
                 ctx.wait()

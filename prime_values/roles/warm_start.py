@@ -18,6 +18,7 @@ import torch
 
 from prime_values.algo.ema import WeightAverage
 from prime_values.algo.gae import gae
+from prime_values.config.critic import trains_critic
 from prime_values.critic_io import critic_step, padded
 from prime_values.launch import solo_threads
 from prime_values.log import LogReader, to_rows
@@ -266,7 +267,7 @@ def main(run_dir: str) -> None:
     model = load_policy(policy_dir, ctx.attention).to(ctx.device).eval()
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     critic = initial_critic(cfg, policy_dir, tokenizer, seed=ctx.seed(1), attention=ctx.attention).to(ctx.device)
-    if cfg.critic.warm_start.steps > 0 and cfg.resolved.uses_critic:
+    if cfg.critic.warm_start.steps > 0 and cfg.resolved.uses_critic and trains_critic(cfg):
         began, cpu_began = time.time(), time.process_time()
         from_run = cfg.critic.warm_start.from_run
         if from_run:

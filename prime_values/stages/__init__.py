@@ -22,13 +22,13 @@ from omegaconf import OmegaConf
 
 from prime_values.budget import BudgetError, check_run_budget
 from prime_values.conductor import conduct, stop_fork_server, wants_fork_server
-from prime_values.config import ConfigError, plan, prepare, validate
+from prime_values.config import STAGES, ConfigError, plan, prepare, validate
 from prime_values.gguf import GGUFError, is_gguf, prepare as convert_gguf
 from prime_values.launch import local
 from prime_values.launch.zygote import ZygoteClient
 from prime_values.rundir import RunDir
 from prime_values.stages import evaluate, sft
-from prime_values.stages.common import MODEL_STAGES, STAGES, StageFailed, mark_done, read_done, run_stage_job
+from prime_values.stages.common import MODEL_STAGES, StageFailed, mark_done, read_done, run_stage_job
 
 __all__ = ["STAGES", "plan", "run_stages"]
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from prime_values.conductor import job_end, wait_for_fork_server
-from prime_values.config import STAGES  # noqa: F401  (the stages' names, with their rules)
+from prime_values.conductor import wait_for_fork_server
 from prime_values.launch import job_device, kill_tree, local, make_executor, solo_threads
 from prime_values.monitor import MetricsTail, MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
+from prime_values.supervisor import exit_cause
 
 MODEL_STAGES = ("sft", "rl")  # stages whose output is a model the next stage starts from
 
@@ -100,7 +100,7 @@ def _progress_line(name: str, record: dict, started: float) -> str:
 def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
     """Submit `function(run_dir)` as the stage's job (local subprocess or sbatch, as launcher says), show its
     progress, and return what it returned. A failure raises StageFailed with its cause, read at once from the
-    job's exit state as the conductor reads a role's (`conductor.job_end`: 'exit code 1: <the error line>',
+    job's exit state as the conductor reads a role's (`supervisor.exit_cause`: 'exit code 1: <the error line>',
     'killed by signal 9', 'timeout'); Ctrl-C / SIGTERM asks the job to stop, then cancels it."""
     folder = stage_dir(run, name)
     folder.mkdir(parents=True, exist_ok=True)
@@ -116,7 +116,7 @@ def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
     tail.read()  # only this attempt's lines
     tail.last = {}
     try:
-        while not (end := job_end(job))[0]:
+        while not (end := exit_cause(job))[0]:
             tail.read()
             if time.time() - last_print >= 10:
                 print(_progress_line(name, tail.last, started), flush=True)
@@ -133,7 +133,7 @@ def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
                 time.sleep(2)
                 if not job.done():
                     kill_tree(job)
-        raise StageFailed(f"stage {name} interrupted by the user")
+        raise StageFailed(f"stage {name} interrupted by the user") from None
     cause = end[1]  # read from the job's exit state, never submitit's exception(): a killed job waits 15 s there
     if cause is not None:
         raise StageFailed(f"stage {name} failed: {cause} (full log: {job.paths.stderr})")

@@ -28,7 +28,7 @@ from prime_values.rollout import greedy_accuracy
 from prime_values.rundir import RunDir
 from prime_values.stages.common import StageContext
 from prime_values.tasks import make_task
-from prime_values.tasks.math import MathDataError, _LOCAL_BUILDERS, parse_row, resolve_source
+from prime_values.tasks.math import _LOCAL_BUILDERS, MathDataError, parse_row, resolve_source
 
 PROMPT_KEYS = ("prompt",)
 RESPONSE_KEYS = ("completion", "response")

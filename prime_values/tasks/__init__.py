@@ -1,9 +1,25 @@
-"""Task registry: ``make_task(name, **kwargs)``."""
+"""The tasks: the registry `TASKS` of the built-in ones, a task class of your own named by import path, and
+`make_task`, which every process builds its task with (the config check, the warm start, inference, the policy
+trainer's held-out evaluation, the stages).
+
+A task is any class with the members `MEMBERS` lists (docs/extending.md, "A task"): `sample(rng, n)` (training
+`Problem`s, whose `privileged` field is what the critic may see), `heldout()`, `is_heldout(problem)`,
+`score_many(problems, texts)` (the reward), `max_answer_chars()`, `describe()`, and for the warm start one of
+`solution(problem)` (one reply) or `demonstration(problem)` (a multi-turn episode as (text, is_policy) segments);
+a task that plays its own turns adds `rollout(...)` (prime_values/rollout.py calls it when present).
+
+`task=custom task.target=package.module:Class` names a class of your own (`package.module.Class` works too);
+`task.args` are its constructor's keywords (`+task.args.top=20`) besides `heldout_size` and `seed`, which every
+task's constructor takes from `task.heldout_size` and `task.seed`. `user_task_class` imports and checks it in
+each process; a misspelt module, class or keyword is one ValueError naming the `task.*` key and the fix.
+"""
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import inspect
-from typing import Callable
+from typing import Any, Callable
 
 from .arith import ArithTask, Problem
 from .guess import GuessTask
@@ -27,6 +43,112 @@ def _verifiers_task(**kwargs):
     return VerifiersTask(**kwargs)
 
 
+# A task of your own, named by import path.
+
+CUSTOM = "custom"
+"""the `task` group option whose class `task.target` names"""
+
+MEMBERS = ("sample", "heldout", "is_heldout", "score_many", "max_answer_chars", "describe")
+"""the methods every task has"""
+WARM_START_MEMBERS = ("solution", "demonstration")
+"""what the warm start trains on: a task has one of them (a multi-turn task, `demonstration`)"""
+COMMON_KEYWORDS = ("heldout_size", "seed")
+"""the constructor keywords every task takes, from task.heldout_size and task.seed"""
+
+
+def missing_members(cls: Any) -> list[str]:
+    """The methods of a task that `cls` lacks ('solution or demonstration' when it has neither)."""
+    missing = [name for name in MEMBERS if not callable(getattr(cls, name, None))]
+    if not any(callable(getattr(cls, name, None)) for name in WARM_START_MEMBERS):
+        missing.append(" or ".join(WARM_START_MEMBERS))
+    if hasattr(cls, "rollout") and not callable(cls.rollout):
+        missing.append("rollout (a method, not a value)")
+    return missing
+
+
+def user_task_class(target: str) -> type:
+    """The class `task.target` names as `package.module:Class` (or `package.module.Class`), imported here and
+    checked to have every member of a task. A ValueError saying which part is wrong and how to fix it otherwise."""
+    key = f"task.target={target!r}"
+    if not target:
+        raise ValueError("task.target is empty; name your task class as task.target=package.module:Class "
+                         "(docs/extending.md, \"A task\")")
+    if target in TASKS:
+        raise ValueError(f"{key} is a built-in task; choose it with task={target} instead of task={CUSTOM}")
+    module_name, _, class_name = target.rpartition(":" if ":" in target else ".")
+    if not module_name or not class_name:
+        raise ValueError(f"{key} is not an import path; name your task class as package.module:Class "
+                         "(docs/extending.md, \"A task\")")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"{key}: module {module_name!r} does not import ({_line(error)}); install its package or "
+                         "put its directory on PYTHONPATH (the role processes, which inherit the environment, "
+                         "import it too)") from None
+    except Exception as error:  # noqa: BLE001 - any failure to import the user's module is a config error
+        raise ValueError(f"{key}: importing module {module_name!r} raised {type(error).__name__}: {_line(error)}; "
+                         "fix the module") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        near = difflib.get_close_matches(class_name, [n for n in dir(module) if not n.startswith("_")], n=1)
+        raise ValueError(f"{key}: module {module_name!r} has no {class_name!r}; "
+                         + (f"did you mean {module_name}:{near[0]}?" if near else "check the class name"))
+    if not isinstance(cls, type):
+        raise ValueError(f"{key} is a {type(cls).__name__}, not a class; name the task's class "
+                         "(docs/extending.md, \"A task\")")
+    missing = missing_members(cls)
+    if missing:
+        raise ValueError(f"{key} is not a task class: it lacks {', '.join(missing)}; add "
+                         f"{'it' if len(missing) == 1 else 'them'} (docs/extending.md, \"A task\")")
+    return cls
+
+
+def _line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def user_task_arguments(cls: type, target: str, args: Any, heldout_size: int, seed: int) -> dict:
+    """The keywords `cls` is built with: task.args, task.heldout_size and task.seed, checked against its
+    constructor; a ValueError naming the key and the fix otherwise."""
+    if args is not None and not isinstance(args, dict):  # a DictConfig: the roles read the run's config.yaml
+        from omegaconf import OmegaConf
+
+        args = OmegaConf.to_container(args, resolve=True)
+    args = dict(args or {})
+    for name in COMMON_KEYWORDS:
+        if name in args:
+            raise ValueError(f"task.args.{name} is a key every task has; set task.{name}={args[name]} instead")
+    parameters = inspect.signature(cls).parameters.values()
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    named = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    lacking = [name for name in COMMON_KEYWORDS if name not in named and not takes_any]
+    if lacking:
+        raise ValueError(f"task.target={target}: its constructor takes no {' or '.join(lacking)}; every task takes "
+                         f"heldout_size and seed (task.heldout_size, task.seed), so add them to its keywords")
+    try:
+        inspect.signature(cls).bind(**args, heldout_size=heldout_size, seed=seed)
+    except TypeError as error:
+        takes = ", ".join(n for n in named if n not in COMMON_KEYWORDS) or "none"
+        raise ValueError(f"task.args={args} does not fit task.target={target} ({error}); its keyword arguments: "
+                         f"{takes}") from None
+    return {**args, "heldout_size": heldout_size, "seed": seed}
+
+
+def user_task(target: str = "", args: Any = None, heldout_size: int = 200, seed: int = 1234):
+    """task=custom: the class task.target names, built with task.args, task.heldout_size and task.seed. A
+    ValueError of the constructor is the task's own message; any other error becomes one naming task.target."""
+    cls = user_task_class(target)
+    kwargs = user_task_arguments(cls, target, args, heldout_size, seed)
+    try:
+        return cls(**kwargs)
+    except ValueError:
+        raise
+    except Exception as error:
+        raise ValueError(f"task.target={target}: building it with {kwargs} raised {type(error).__name__}: "
+                         f"{_line(error)}; fix the class or task.args") from error
+
+
 TASKS: dict[str, Callable[..., object]] = {
     "arith": ArithTask,
     "guess": GuessTask,
@@ -34,7 +156,9 @@ TASKS: dict[str, Callable[..., object]] = {
     "math": MathTask,
     "reasoning_gym": _reasoning_gym_task,
     "verifiers": _verifiers_task,
+    CUSTOM: user_task,  # a class of your own: task=custom task.target=package.module:Class
 }
+"""Every task by its name in the `task` group: the built-in ones, and `custom` for a class named by import path."""
 
 
 def make_task(name: str, **kwargs):
@@ -50,4 +174,5 @@ def make_task(name: str, **kwargs):
     return factory(**kwargs)
 
 
-__all__ = ["ArithTask", "GuessTask", "MathTask", "Problem", "ReverseTextTask", "TASKS", "make_task"]
+__all__ = ["ArithTask", "CUSTOM", "GuessTask", "MathTask", "Problem", "ReverseTextTask", "TASKS", "make_task",
+           "user_task_class"]

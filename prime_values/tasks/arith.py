@@ -6,6 +6,9 @@ Difficulty knobs:
   number of exactly that many digits (``0..9`` for one digit), so problems of several difficulties come in equal
   shares (``min_digits=1, digits=3``: one third each of 1-, 2- and 3-digit operands);
 - ``operands``: how many numbers per expression (>= 2);
+- ``min_operands`` (0 = off): each problem first draws its operand count uniformly from ``min_operands..operands``,
+  so a batch mixes problems of several lengths, and the chance of solving one depends on the prompt (a
+  per-prompt baseline, a critic's, can tell them apart where a batch mean cannot);
 - ``ops``: the operators to draw from, any non-empty subset of ``"+-*"``, one drawn per gap.
 
 Expressions are evaluated with the usual precedence (``*`` before ``+``/``-``, then left to right),
@@ -60,7 +63,8 @@ def _evaluate(nums: list[int], ops: list[str]) -> int:
     return total + sign * term
 
 
-def check_settings(digits: int, operands: int, ops: str, show_work: bool = False, min_digits: int = 0) -> None:
+def check_settings(digits: int, operands: int, ops: str, show_work: bool = False, min_digits: int = 0,
+                   min_operands: int = 0) -> None:
     """The task's rules, in one place: the constructor and the config check (prime_values/config/task.py) call this
     before any job starts. Raises ValueError, one sentence naming the `task.*` key and the fix."""
     if not 1 <= digits <= 9:
@@ -71,6 +75,9 @@ def check_settings(digits: int, operands: int, ops: str, show_work: bool = False
     if operands < 2:
         raise ValueError(f"task.operands={operands} must be >= 2 (a problem joins its operands with operators); "
                          "set task.operands=2 or more")
+    if min_operands and not 2 <= min_operands <= operands:
+        raise ValueError(f"task.min_operands={min_operands} must be 0 (off) or in 2..task.operands ({operands}); "
+                         "set task.min_operands to the fewest operands a problem has")
     if not ops:
         raise ValueError("task.ops='' is empty; give the operators to draw from, any of '+-*' (e.g. task.ops=+)")
     for bad in sorted(set(ops) - set("+-*")):
@@ -84,8 +91,9 @@ class ArithTask(ProceduralTask):
     name = "arith"
 
     def __init__(self, digits: int = 2, operands: int = 2, ops: str = "+", heldout_size: int = 200,
-                 seed: int = 1234, show_work: bool = False, min_digits: int = 0):
-        check_settings(digits, operands, ops, show_work, min_digits)
+                 seed: int = 1234, show_work: bool = False, min_digits: int = 0, min_operands: int = 0):
+        check_settings(digits, operands, ops, show_work, min_digits, min_operands)
+        self.min_operands = min_operands
         self.digits, self.operands, self.seed, self.show_work = digits, operands, seed, show_work
         self.min_digits = min_digits
         self.ops = "".join(dict.fromkeys(ops))  # dedupe, keep order
@@ -95,7 +103,7 @@ class ArithTask(ProceduralTask):
         if heldout_size > self.space_size // 2:
             raise ValueError(f"heldout_size {heldout_size} exceeds half of the {self.space_size} possible problems")
         self._tag = f"arith-d{digits}-n{operands}-{self.ops}" + ("-work" if show_work else "") \
-            + (f"-min{min_digits}" if min_digits else "")
+            + (f"-min{min_digits}" if min_digits else "") + (f"-from{min_operands}" if min_operands else "")
         self._build_heldout(heldout_size, seed)
 
     # ------------------------------------------------------------------ problems
@@ -106,8 +114,9 @@ class ArithTask(ProceduralTask):
         return rng.randint(0 if d == 1 else 10 ** (d - 1), 10 ** d - 1)
 
     def _draw(self, rng: random.Random) -> Problem:
-        nums = [self._operand(rng) for _ in range(self.operands)]
-        ops = [rng.choice(self.ops) for _ in range(self.operands - 1)]
+        count = rng.randint(self.min_operands, self.operands) if self.min_operands else self.operands
+        nums = [self._operand(rng) for _ in range(count)]
+        ops = [rng.choice(self.ops) for _ in range(count - 1)]
         return self.make_problem(nums, ops)
 
     def make_problem(self, nums: list[int], ops: list[str]) -> Problem:
@@ -146,6 +155,7 @@ class ArithTask(ProceduralTask):
             "digits": self.digits,
             "min_digits": self.min_digits,
             "operands": self.operands,
+            "min_operands": self.min_operands,
             "ops": self.ops,
             "show_work": self.show_work,
             "precedence": "standard (* before +/-, left to right)",

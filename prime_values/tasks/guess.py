@@ -135,6 +135,15 @@ class GuessTask:
         return Problem(prompt_id=pid, prompt=prompt, answer=str(secret), privileged=str(secret),
                        meta={"n": n, "secret": secret})
 
+    def problem_from(self, prompt: str, privileged: str) -> Problem:
+        """The game a logged rollout played, from its prompt text ('1-N?') and its privileged context (the
+        secret): what the oracle critic plays on from (roles/evaluator.py)."""
+        n = parse_guess(prompt[2:-1]) if prompt.startswith("1-") and prompt.endswith("?") else None
+        secret = parse_guess(privileged)
+        if n is None or secret is None or not 1 <= secret <= n:
+            raise ValueError(f"not a game of task=guess: prompt {prompt[:16]!r}, secret {privileged[:16]!r}")
+        return self.make_problem(n, secret)
+
     def sample(self, rng: random.Random, n: int) -> list[Problem]:
         out = []
         for _ in range(n):

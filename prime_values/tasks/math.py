@@ -279,7 +279,8 @@ class MathTask(PooledVerification):
             log.warning("%s=%r: skipped %d of %d rows without a question/problem or a final answer "
                         "(GSM8K '#### x', MATH '\\boxed{x}' or an 'answer' column)", key, data, skipped, len(rows))
         if not out:
-            raise MathDataError(f"{key}={data!r}: none of its {len(rows)} rows has a question/problem and a final answer")
+            raise MathDataError(f"{key}={data!r}: none of its {len(rows)} rows has a question/problem and a final "
+                                "answer")
         self.skipped_rows += skipped
         return out
 

@@ -42,8 +42,7 @@ import time
 import warnings
 import weakref
 from functools import lru_cache
-from multiprocessing.connection import Connection
-from multiprocessing.connection import wait as mp_wait
+from multiprocessing.connection import Connection, wait as mp_wait
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -74,7 +73,7 @@ def _quiet_worker() -> None:
 def _die_with_parent() -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # not Linux: the worker still exits on EOF of its socket
+    except Exception:  # noqa: BLE001 - best effort: a platform without prctl runs without it
         pass
 
 
@@ -84,7 +83,7 @@ def _limit_memory(memory_mb: int | None) -> None:
     try:
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort: a platform without RLIMIT_AS runs without it
         pass
 
 
@@ -133,7 +132,7 @@ def _serve(conn, check, soft_timeout_s: float) -> None:
             reply = (idx, 1.0 if ok else 0.0, "ok" if gold_ok else "gold_unparsed")
         except _SoftTimeout:
             reply = (idx, 0.0, "timeout")
-        except (Exception, RecursionError, MemoryError):  # untrusted input: anything is a wrong answer
+        except (Exception, RecursionError, MemoryError):  # noqa: BLE001 - whatever the untrusted answer raises scores 0
             reply = (idx, 0.0, "error")
         try:
             conn.send(reply)
@@ -154,7 +153,7 @@ def _worker_entry() -> None:
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises
         try:
             conn.send(("fatal", f"{type(e).__name__}: {e}"))
-        except Exception:
+        except Exception:  # noqa: BLE001 - the parent may be gone already
             pass
         return
     _limit_memory(memory_mb)
@@ -196,15 +195,15 @@ class _Worker:
     def kill(self) -> None:
         try:
             self.proc.kill()
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort: the worker may be gone already
             pass
         try:
             self.proc.wait(timeout=2.0)
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort: the worker may be gone already
             pass
         try:
             self.conn.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort: the pipe may be closed already
             pass
 
 
@@ -300,12 +299,12 @@ class VerifierPool:
                 try:
                     if w.job is None and w.ready:
                         w.conn.send(None)
-                except Exception:
+                except Exception:  # noqa: BLE001 - best effort at shutdown: the worker may be gone
                     pass
             for w in self._workers:
                 try:
                     w.proc.wait(timeout=0.5)
-                except Exception:
+                except Exception:  # noqa: BLE001 - best effort at shutdown: the worker may be gone
                     pass
                 w.kill()
             self._workers.clear()
@@ -319,7 +318,7 @@ class VerifierPool:
     def __del__(self) -> None:  # best effort; atexit covers interpreter shutdown
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - a destructor must not raise
             pass
 
     # -------------------------------------------------------------------------------------- scoring

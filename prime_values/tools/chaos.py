@@ -26,7 +26,6 @@ from pathlib import Path
 import psutil
 
 from prime_values.launch import folder_processes
-
 from prime_values.rundir import RunDir
 
 ROLES = ("inference0", "evaluator", "orchestrator", "policy_trainer", "value_trainer")

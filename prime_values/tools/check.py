@@ -53,8 +53,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prime_values.log.records import SCHEMA_VERSION, token_digest
-from prime_values.log.segments import (CorruptSegment, NewerSchemaVersion, list_seqs, quarantine_dir, read_segment,
-                                       segment_name, verify_checksum)
+from prime_values.log.segments import (
+    CorruptSegment,
+    NewerSchemaVersion,
+    list_seqs,
+    quarantine_dir,
+    read_segment,
+    segment_name,
+    verify_checksum,
+)
 
 STREAMS = ("batches", "targets", "values", "rollouts")  # the order they are read in (see the module doc)
 _ROLLOUT_ID = re.compile(r"^(?P<shard>.+)-(?P<seq>\d{6})-\d{4}$")  # inference's `<shard>-<chunk>-<k>`

@@ -185,10 +185,12 @@ def expected_roles(run: RunDir) -> list[str]:
     """The role jobs of this run, from its config (or, without one, from what is in the run directory)."""
     try:
         from prime_values.config import load_saved
+        from prime_values.config.critic import trains_critic
 
         cfg = load_saved(run.config)  # the role jobs the supervisor starts, from the run's resolved.uses_critic
-        return ["warm_start", *(spec.name for spec in pipeline_roles(cfg.topology, cfg.resolved.uses_critic))]
-    except Exception:
+        roles = pipeline_roles(cfg.topology, cfg.resolved.uses_critic, trains_critic(cfg))
+        return ["warm_start", *(spec.name for spec in roles)]
+    except Exception:  # noqa: BLE001 - without a readable config, the roles come from the run directory
         found = {p.stem for p in run.root.glob("metrics/*.jsonl")} | \
                 {p.name for p in run.root.glob("state/*") if p.is_dir()}
         order = ["warm_start", "inference", "evaluator", "orchestrator", "policy_trainer", "value_trainer"]
@@ -367,7 +369,7 @@ class LiveView:
         return activity_text(self.activity(name), self.now())
 
     def _throughput(self, name: str) -> str:
-        r = lambda key: self._rate(key).per_s()  # noqa: E731
+        r = lambda key: self._rate(key).per_s()
         if name.startswith("inference"):
             return f"{_rate(r(name + '.rollouts'))} rollouts/s  {_rate(r(name + '.tokens'))} tokens/s"
         if name == "evaluator":
@@ -382,7 +384,8 @@ class LiveView:
         if name == "orchestrator":
             orch = self.last("orchestrator")
             if "waiting_rollouts" in orch:
-                return f"{orch['waiting_rollouts']} rollouts waiting for values  {orch.get('dropped_stale', 0)} dropped stale"
+                return (f"{orch['waiting_rollouts']} rollouts waiting for values  "
+                        f"{orch.get('dropped_stale', 0)} dropped stale")
         return ""
 
     def role_lines(self, final: bool = False) -> list[str]:
@@ -442,7 +445,7 @@ class LiveView:
         odd = [f"{n} {s}" for n in self.roles
                if (s := self.role_state(n, restarts, final)) not in ("running", "done", "waiting")]
         rates = []
-        r = lambda key: self._rate(key).per_s()  # noqa: E731
+        r = lambda key: self._rate(key).per_s()
         workers = [n for n in self.roles if n.startswith("inference")]
         if any(r(f"{w}.rollouts") for w in workers):
             rates.append(f"{_rate(sum(r(f'{w}.rollouts') or 0 for w in workers))} rollouts/s "
@@ -495,9 +498,6 @@ class LiveView:
             if isinstance(stream, _Watched) and stream._view is self:
                 setattr(sys, name, stream._stream)
         self._watched = False
-
-
-Progress = LiveView  # the conductor's and prime_values.tools.status's name for it
 
 
 def render(run_dir: str | Path, steps: int | None = None, tty: bool = False, final: bool = False) -> str:

@@ -181,13 +181,13 @@ def load_tokenizer(run: Path):
     for v in reversed(versions(root)):
         try:
             return AutoTokenizer.from_pretrained(root / str(v))
-        except Exception:  # a version deleted under us or without tokenizer files: try an older one
+        except Exception:  # noqa: BLE001 - a version that does not load: try the one before
             continue
     from omegaconf import OmegaConf
 
     try:
         model = OmegaConf.load(run / "config.yaml").policy.model
-    except Exception:
+    except Exception:  # noqa: BLE001 - without a readable config, the embedded model's tokenizer
         model = "tiny"
     if model == "tiny":
         from prime_values.models.tokenizer import build_char_tokenizer
@@ -201,7 +201,7 @@ def token_pieces(tokenizer, ids: list[int], start: int) -> list[str]:
     piece is the text a token adds to the decoded prefix, so leading spaces (SentencePiece) are kept and the
     bytes of one character split over several tokens (byte-level BPE) go to the token that completes it (the
     others get '')."""
-    decode = lambda part: tokenizer.decode(part, skip_special_tokens=False,  # noqa: E731
+    decode = lambda part: tokenizer.decode(part, skip_special_tokens=False,
                                            clean_up_tokenization_spaces=False)
     pieces = [decode([t]) for t in ids[:start]]
     prefix, read = max(0, start - 5), start
@@ -254,7 +254,7 @@ def load(run: Path, rollout_id: str | None = None, worst: bool = True) -> Shown:
         from prime_values.config import load_saved
 
         critic_expected = load_saved(run / "config.yaml").resolved.uses_critic
-    except Exception:
+    except Exception:  # noqa: BLE001 - without a readable config, no expectation about the critic
         pass
     tokenizer = load_tokenizer(run)
     start = next((j for j, m in enumerate(rollout["policy_mask"]) if m), len(rollout["policy_mask"]))
@@ -393,7 +393,7 @@ padding:2px 6px;text-align:right} table.tok td.t{text-align:left;white-space:pre
 
 
 def render_html(shown: Shown) -> str:
-    e = lambda s: html.escape(str(s), quote=True)  # noqa: E731
+    e = lambda s: html.escape(str(s), quote=True)
     r, start, n = shown.rollout, shown.response_start, len(shown.rollout["token_ids"])
     vals, advs, steps = shown.token_values, shown.token_advantages, shown.steps
     lo, hi = value_range(shown)

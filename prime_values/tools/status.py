@@ -16,8 +16,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from prime_values.tools.live import Progress
 from prime_values.rundir import RunDir, process_alive
+from prime_values.tools.live import LiveView
 
 
 def role_jobs(run: RunDir) -> dict[str, str]:
@@ -55,8 +55,8 @@ def job_lines(run: RunDir, cfg, ended: bool) -> list[str]:
         states = {"pipeline": pipeline}
         for name, job_id in jobs.items():
             if name != "pipeline":
-                states[name] = "COMPLETED" if run.done_file(name).exists() else \
-                    "ENDED" if (run.jobs / name / f"{job_id}_exit.json").exists() or pipeline != "RUNNING" else "RUNNING"
+                ended = (run.jobs / name / f"{job_id}_exit.json").exists() or pipeline != "RUNNING"
+                states[name] = "COMPLETED" if run.done_file(name).exists() else "ENDED" if ended else "RUNNING"
     elif cfg.launcher.name == "slurm":  # a run of the sft/eval stages: their jobs are sbatch jobs
         import submitit
 
@@ -74,7 +74,7 @@ def status(run_dir: str | Path) -> str:
     cfg = OmegaConf.load(run.config)
     summary = run.report / "summary.json"
     ended = json.loads(summary.read_text())["status"] if summary.exists() else None
-    progress = Progress(run, cfg.steps)
+    progress = LiveView(run, cfg.steps)
     times = [json.loads(line)["time"] for p in run.root.glob("metrics/*.jsonl")
              for line in (lambda lines: lines[:1] + lines[-1:])(p.read_text().splitlines())]
     progress.started = min(times, default=progress.started)

@@ -124,7 +124,7 @@ def after_point(run_root: Path) -> None:
         if hydra.mode != RunMode.MULTIRUN:
             return
         sweep_dir = Path(hydra.sweep.dir)
-    except Exception:  # not under Hydra (a detached conductor job): nothing to do
+    except Exception:  # noqa: BLE001 - outside a Hydra run there is no sweep to summarise
         return
     if Path(run_root).resolve().parent == sweep_dir.resolve():
         path = write_sweep_summary(sweep_dir)
