@@ -12,21 +12,18 @@ the lists it reads are built before its clock starts, and it writes Python lists
 untimed (a warm-up: the first call also pays one-off allocator growth), then the sides alternate within every
 repetition (so a busy machine slows both alike), and must agree on that subset to float tolerance.
 
-    python bench/bench_gae.py            # 1,024 rollouts x 4,096 tokens (a few seconds)
-    python bench/bench_gae.py --smoke    # tiny sizes, about a second (tests/test_gae.py)
+    python -m bench.bench_gae            # 1,024 rollouts x 4,096 tokens (a few seconds)
+    python -m bench.bench_gae --smoke    # tiny sizes, about a second (tests/test_gae.py)
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prime_values.algo.gae import adaptive_lambda, gae
 
 GOAL = 10.0  # the goal: the vectorised GAE is >= 10x faster than the per-timestep loop

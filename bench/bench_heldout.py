@@ -2,7 +2,7 @@
 longest reply ends) against the new one (what the prompts share computed once, a finished row leaving the batch:
 `models.sampling`, `share_prompts` and `drop_finished`), side by side.
 
-    python bench/bench_heldout.py [--experiment smollm] [--model DIR] [--reps 1] [--threads 2] [--batch-size 256]
+    python -m bench.bench_heldout [--experiment smollm] [--model DIR] [--reps 1] [--threads 2] [--batch-size 256]
         [--json out.json]
 
 The experiment's own held-out problems (`task.heldout()`, `task.heldout_size` of them), its prompt format and
@@ -19,7 +19,6 @@ size).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,9 +26,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.bench_peak import compose
+from bench.common import command_line, compose, write_record
 
 
 def evaluate(model, tokenizer, task, problems, max_new_tokens: int, batch_size: int, new: bool) -> dict:
@@ -104,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         for r in runs["old"] + runs["new"]:
             r.pop("replies")
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs,
-                                         "wall_ratio": ratio, "positions_ratio": rows, "replies_differ": differ},
-                                        indent=1))
+        write_record(args.json, {"command": command_line("bench_heldout", argv),
+                                 "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs,
+                                 "wall_ratio": ratio, "positions_ratio": rows, "replies_differ": differ})
     return 0
 
 

@@ -1,6 +1,6 @@
 """Inference backends on the same model: engine start, in-place adoption per version, tokens/s (hf vs vllm).
 
-    python bench/bench_inference.py [--backends hf,vllm] [--rows 128] [--new-tokens 32] [--versions 5]
+    python -m bench.bench_inference [--backends hf,vllm] [--rows 128] [--new-tokens 32] [--versions 5]
 
 Builds the embedded tiny policy (policy.arch defaults, 0.85M) with random weights, so every rollout runs to
 --new-tokens (eos is rare): tokens/s = rows x new tokens / wall time of one `backend.sample` call (median of 3,
@@ -13,12 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ Measured side by side in one run, methods alternating within each repetition, on
   parquet     the numpy records as Parquet (snappy, page checksums written and verified)
 and the publish-to-consumer latency of a writer process and a polling LogReader in another process.
 
-    python bench/bench_log.py            # full run (~1 min)
-    python bench/bench_log.py --smoke    # tiny sizes, a few seconds (tests/test_bench_smoke.py)
+    python -m bench.bench_log            # full run (~1 min)
+    python -m bench.bench_log --smoke    # tiny sizes, a few seconds (tests/test_bench_smoke.py)
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import multiprocessing as mp
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +34,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prime_values.log import LogReader, SegmentWriter, per_token, to_table
 from prime_values.log.records import token_digest
 

@@ -21,15 +21,13 @@ the fault (noticed, the allocation ended, a fresh one submitted and running, its
 `prime_values.tools.check` of the run (nothing lost or trained twice). The one-node cluster comes back after. Needs
 root.
 
-    sudo python bench/bench_nodes.py [--hang-timeout 30] [--slurmd-timeout 30] [--preemptor-s 5] [--gap 5]
+    sudo python -m bench.bench_nodes [--hang-timeout 30] [--slurmd-timeout 30] [--preemptor-s 5] [--gap 5]
         [--record bench/records/nodes/<date>_<commit>.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import signal
 import statistics
@@ -40,13 +38,9 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launchers" / "local_slurm"))
-
-import cluster
+from bench.common import ROOT, stamp, write_record
+from launchers.local_slurm import cluster
 from prime_values.tools.chaos import policy_step, signal_rank
-
-ROOT = Path(__file__).resolve().parents[1]
 
 FAULTS = ("hang", "preemption", "lost node")
 
@@ -196,19 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         rec = measure(args)
     finally:
         cluster.start(LOCAL_SLURM_NODES="", LOCAL_SLURM_SLURMD_TIMEOUT="")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    rec.update(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), commit=commit,
-               settings={"hang_timeout_s": args.hang_timeout, "slurmd_timeout_s": args.slurmd_timeout,
-                         "preemptor_s": args.preemptor_s, "gap": args.gap, "steps": args.steps},
-               load=os.getloadavg())
-    print(f"two nodes, {rec['date']}, commit {commit}; clean policy step {rec['clean_step_s']:.1f} s (median of "
-          f"{rec['clean_steps']}); {rec['allocations']} allocations; exit {rec['exit']}; check exit {rec['check']} "
-          f"{' '.join(rec['check_out'])}")
+    rec = stamp(**rec, time=time.strftime("%H:%M UTC", time.gmtime()),
+                settings={"hang_timeout_s": args.hang_timeout, "slurmd_timeout_s": args.slurmd_timeout,
+                          "preemptor_s": args.preemptor_s, "gap": args.gap, "steps": args.steps},
+                load=os.getloadavg())
+    print(f"two nodes, {rec['date']} {rec['time']}, commit {rec['commit']}; clean policy step "
+          f"{rec['clean_step_s']:.1f} s (median of {rec['clean_steps']}); {rec['allocations']} allocations; exit "
+          f"{rec['exit']}; check exit {rec['check']} {' '.join(rec['check_out'])}")
     print(table(rec))
     if args.record:
-        args.record.parent.mkdir(parents=True, exist_ok=True)
-        args.record.write_text(json.dumps(rec, indent=1) + "\n")
+        write_record(args.record, rec)
     assert cluster.nodes() == single
     return 0 if rec["exit"] == 0 and rec["check"] == 0 else 1
 

@@ -15,7 +15,7 @@ where "the same GEMMs alone" times x @ W.T for every Linear of the model at the 
 for a training step: the two backward products have the forward's size). With --run DIR, each role's wall time
 in that run splits further into compute / wait / io (its metrics/<role>.jsonl timers).
 
-    python bench/bench_peak.py [--smoke] [--threads 2] [--run RUN_DIR] [--smollm]
+    python -m bench.bench_peak [--smoke] [--threads 2] [--run RUN_DIR] [--smollm]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import command_line, compose, write_record
 from prime_values.models.build import CPU_BF16_FLAGS, cpu_flags
 
 CLOCK = {"clock": time.process_time}  # CPU seconds of this process (--clock cpu) or wall seconds (--clock wall)
@@ -242,17 +242,6 @@ def smollm_role(cfg, rollouts: int, response_tokens: int, mixed: bool = False) -
                 f"{rollouts} rollouts, prompt {len(prompt)} + ~{response_tokens} response tokens")
 
 
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    from prime_values.__main__ import CONF_DIR
-    from prime_values.config import register
-
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="small sizes, one repetition: the script runs")
@@ -349,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['role']:42s} {r['wall_s']:8.1f} {r['compute']:8.1%} {r['wait']:8.1%} {r['io']:8.1%} "
                   f"{r['cpu_per_wall']:8.2f}")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        write_record(args.json, {"command": command_line("bench_peak", argv), **result})
     return 0
 
 

@@ -16,7 +16,7 @@ slows every case alike. Measures, per run: policy steps per minute after the fir
 excluded), the orchestrator's critic version lag, held-out accuracy over time, and each role's compute / wait /
 io fractions (prime_values.tools.summary.time_fractions).
 
-    python bench/bench_pipeline.py [--smoke] [--steps 40] [--reps 2]
+    python -m bench.bench_pipeline [--smoke] [--steps 40] [--reps 2]
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prime_values.monitor import read_metrics
 from prime_values.tools.summary import time_fractions

@@ -10,7 +10,7 @@ once RL has started, every role in turn. Measures:
 - the chaos run's wall time over the clean run's (conductor start to exit); goal <= 1.5;
 - `prime_values.tools.check` of the chaos run: nothing lost, duplicated or changed (exit 0).
 
-    python bench/bench_recovery.py [--kills 20] [--steps 150] [--min-gap 3] [--max-gap 8] [--out results.json]
+    python -m bench.bench_recovery [--kills 20] [--steps 150] [--min-gap 3] [--max-gap 8] [--out results.json]
         [-- extra overrides]
 
 Run it alone (`flock /tmp/pv-heavy.lock ...`): on a shared machine the figures move with the load.
@@ -19,19 +19,15 @@ Run it alone (`flock /tmp/pv-heavy.lock ...`): on a shared machine the figures m
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.bench_pipeline import BASE, build_v0, launch, seed_run
+from bench.common import command_line, write_record
 from prime_values.tools.chaos import chaos
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     base.mkdir(parents=True, exist_ok=True)
     overrides = [*BASE, f"steps={args.steps}", f"eval_every={args.steps}", *args.overrides]
     warm = build_v0(base, [o for o in overrides if o.startswith("policy.arch.")])
-    result: dict = {"command": "python bench/bench_recovery.py " + " ".join(argv or sys.argv[1:]),
+    result: dict = {"command": command_line("bench_recovery", argv),
                     "overrides": overrides, "kills_asked": args.kills}
     if not args.no_clean:
         clean = base / "clean"
@@ -91,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run exit {report['run_returncode']}, prime_values.tools.check exit {report['check_returncode']}: "
           + " | ".join(report["check_output"][-2:]))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_record(args.out, result)
     ok = report["run_returncode"] == 0 and report["check_returncode"] == 0
     return 0 if ok else 1
 

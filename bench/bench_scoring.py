@@ -11,7 +11,7 @@ throughput for the same model size, measured in isolation, side by side, one CPU
 Both sides run on the same fixed rollouts, alternating within every repetition; the ratio is paired per
 repetition. Without --policy/--critic the models are the embedded default architecture, freshly built.
 
-    python bench/bench_scoring.py [--smoke] [--policy DIR --critic DIR]
+    python -m bench.bench_scoring [--smoke] [--policy DIR --critic DIR]
 """
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 GOAL = 5.0
 

@@ -259,7 +259,15 @@ def auc_mean(points: Points, x_end: float) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# records (bench/equal_budget.py's)
+# records (bench/equal_budget.py's and bench/smollm_grid.py's)
+
+STAMPS = ("commit", "date", "cpu", "cpu_flags", "checkpoint_sha")  # what every record of the protocol carries
+
+
+def unstamped(runs: list[dict]) -> dict[str, int]:
+    """Per stamp of STAMPS, how many of `runs` lack it (records made before the protocol carry no commit, date or
+    CPU): named in the report, never guessed."""
+    return {k: n for k in STAMPS if (n := sum(not r.get(k) for r in runs))}
 
 
 def warm_start_tokens(run: dict) -> float:

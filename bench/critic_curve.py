@@ -1,6 +1,6 @@
 """How fast can a critic learn one fixed policy's values? A learning curve against the exact oracle, offline.
 
-    python bench/critic_curve.py <run dir> [--version V] [--critic C|fresh] [--steps 600] [--every 100]
+    python -m bench.critic_curve <run dir> [--version V] [--critic C|fresh] [--steps 600] [--every 100]
         [--train-prompts 4096] [key=value ...]
 
 The pipeline's critic chases a moving policy with a few hundred steps; this separates how fast the critic learns
@@ -21,17 +21,14 @@ import argparse
 import random
 import sys
 import time
-from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from critic_oracle import rollout_oracle_values
+from bench.common import add_run, run_config
+from bench.critic_oracle import rollout_oracle_values
 from prime_values.algo.ema import WeightAverage
 from prime_values.algo.gae import explained_variance
-from prime_values.config import load_saved
 from prime_values.critic_io import CriticInputs, critic_step
 from prime_values.models import load_critic, load_policy
 from prime_values.roles.warm_start import initial_critic
@@ -80,8 +77,7 @@ def evaluate(critic, rows: list[dict], tokenizer, cfg) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="a run directory (config.yaml, weights/)")
-    parser.add_argument("--version", type=int, default=None, help="policy version (default: LATEST)")
+    add_run(parser)
     parser.add_argument("--critic", default="0", help="critic version to start from (default 0, the warm start's), "
                         "or 'fresh': a new, untrained critic built as the run's warm start builds it (critic.init, "
                         "critic.num_layers; from policy version 0)")
@@ -94,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     parser.add_argument("overrides", nargs="*", help="key=value on the run's config")
     args = parser.parse_intermixed_args(argv)
-    cfg = load_saved(args.run / "config.yaml")  # keys added since the run: their defaults, so they can be overridden
+    cfg = run_config(args.run)  # keys added since the run: their defaults, so they can be overridden
     OmegaConf.set_struct(cfg, True)
     try:
         cfg.merge_with_dotlist(args.overrides)

@@ -1,6 +1,6 @@
 """How good could the critic be? A run's critic against the exact oracle value, on fresh rollouts of one policy.
 
-    python bench/critic_oracle.py <run dir> [--version V] [--critic C] [--prompts 256] [--temperature T]
+    python -m bench.critic_oracle <run dir> [--version V] [--critic C] [--prompts 256] [--temperature T]
 
 For a task whose reward is exact match with one reference string (arith), the value of every state under the
 policy is known exactly, with no Monte-Carlo noise: V*(s_t) = 1[response so far == reference prefix] *
@@ -29,13 +29,11 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import add_run, run_config
 from prime_values.algo.gae import explained_variance
-from prime_values.config import load_saved
 from prime_values.critic_io import CriticInputs
 from prime_values.models import load_critic, load_policy
 from prime_values.rollout import sample_and_score
@@ -107,8 +105,7 @@ def mc_oracle_values(policy, tokenizer, task, problems, rollouts, samples: int, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="a run directory (config.yaml, weights/)")
-    parser.add_argument("--version", type=int, default=None, help="policy version (default: LATEST)")
+    add_run(parser)
     parser.add_argument("--critic", type=int, default=None, help="critic version (default: LATEST)")
     parser.add_argument("--prompts", type=int, default=256, help="fresh training prompts")
     parser.add_argument("--group", type=int, default=None, help="samples per prompt (default: inference.group_size)")
@@ -117,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=16,
                         help="games played on from each state for the Monte-Carlo oracle (task=guess)")
     args = parser.parse_args(argv)
-    cfg = load_saved(args.run / "config.yaml")
+    cfg = run_config(args.run)
     mc = cfg.task.name == "guess"
     if cfg.task.name != "arith" and not mc:
         print(f"critic_oracle: task {cfg.task.name!r} has no oracle here; arith (exact match with one reference: "

@@ -4,7 +4,7 @@
         steps=200 eval_every=25 hydra.sweep.dir=sweeps/critic
     python -m prime_values -m +experiment=arith advantage=grpo seed=0,1,2 steps=200 eval_every=25 \
         hydra.sweep.dir=sweeps/grpo
-    python bench/critic_sweep.py sweeps/critic sweeps/grpo --gain 0.2 --out sweeps/report
+    python -m bench.critic_sweep sweeps/critic sweeps/grpo --gain 0.2 --out sweeps/report
 
 For every run directory (a subdirectory holding config.yaml and metrics/) it reads the held-out accuracy
 curve of the policy trainer and the critic's explained variance on fresh rollouts from the orchestrator, then
@@ -16,7 +16,6 @@ Writes sweep.md (table + goals), sweep.json and sweep.png (accuracy and explaine
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import command_line, write_record
 from prime_values.algo.ev import ev_from_sums
 from prime_values.monitor import read_metrics
 
@@ -176,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     text = table(summary, args.gain) + "\n\n" + "\n".join(f"- {g}" for g in goals(summary)) + "\n"
     (out / "sweep.md").write_text(text)
-    (out / "sweep.json").write_text(json.dumps({"gain": args.gain, "summary": summary, "runs": runs}, indent=1))
+    write_record(out / "sweep.json", {"command": command_line("critic_sweep", argv), "gain": args.gain,
+                                      "summary": summary, "runs": runs})
     plot(runs, out / "sweep.png")
     print(text + f"\nwritten: {out / 'sweep.md'}, {out / 'sweep.json'}, {out / 'sweep.png'}")
     return 0

@@ -2,9 +2,9 @@
 fixed number of rollouts per policy step split as prompts x samples (docs/value_functions.md, "Equal
 budget").
 
-    python bench/equal_budget.py --out sweeps/budget                       # the default grid, resumable
-    python bench/equal_budget.py --out sweeps/budget --seeds 0,1,2 --ckpt-seeds 0,1
-    python bench/equal_budget.py --out sweeps/budget --report-only          # the table and plot only
+    python -m bench.equal_budget --out sweeps/budget                       # the default grid, resumable
+    python -m bench.equal_budget --out sweeps/budget --seeds 0,1,2 --ckpt-seeds 0,1
+    python -m bench.equal_budget --out sweeps/budget --report-only          # the table and plot only
 
 One command runs the grid and writes the table. Per checkpoint seed C it first makes ONE warm start,
 `<out>/ckpt<C>/base` (a 1-step run of the experiment at seed C: SFT, then the privileged critic's pretraining on
@@ -50,9 +50,9 @@ rounding; so a built base is also kept, `<records>/ckpt<C>-<sha>/base`: its vers
 config and summary, ~25 MB, committed. Where `<out>` has no base of checkpoint C and the records keep one, it is
 copied in instead of rebuilt: every machine then continues the same checkpoint.)
 
-Every record is stamped (`stamp`): the commit that recorded it (and `commit_dirty`), the date its run ended, the
-CPU model and flags, beside the checkpoint sha; the report names records without them "unstamped" (records made
-before the stamps), never guesses, and says whether each checkpoint's base is kept.
+Every record is stamped (bench.common.stamp): the commit that recorded it (and `commit_dirty`), the date its run
+ended, the CPU model and flags, beside the checkpoint sha; the report names records without them "unstamped"
+(records made before the stamps), never guesses, and says whether each checkpoint's base is kept.
 
 Beside the table, every cell is compared with the reference paired by (checkpoint, RL seed) under the critic study
 protocol (docs/benchmarks.md; bench/budget_stats.py), each difference the mean of the pairs with its 95% Student-t
@@ -67,7 +67,7 @@ grid has one (tether_g1 and gae_g1: tether at G = 1 is gae), whose true differen
 
 `--restate` prints every committed grid under the protocol from the records alone (bench/records/arith,
 arith_work, arith_chain, and the SmolLM2 grid through bench/smollm_grid.py's report), with `--out` also
-`<out>/restated.md`: `python bench/equal_budget.py --restate`.
+`<out>/restated.md`: `python -m bench.equal_budget --restate`.
 
 Writes `<out>/equal_budget.md` (per checkpoint the table and the goals; with several checkpoints, then the same
 over the cells run on every checkpoint, each run against its own checkpoint's target), `equal_budget.json` (per
@@ -93,11 +93,10 @@ from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from budget_stats import MARGIN, paired_table
+from bench import common
+from bench.budget_stats import MARGIN, STAMPS, paired_table, unstamped
+from bench.common import ROOT
 from prime_values.monitor import read_metrics
-
-ROOT = Path(__file__).resolve().parents[1]
 
 KINDS = {
     "grpo": ["advantage=grpo"],
@@ -218,34 +217,6 @@ def grid_key(args) -> dict:
             "smoke": bool(args.smoke)}
 
 
-STAMPS = ("commit", "date", "cpu", "cpu_flags", "checkpoint_sha")  # what every record of the protocol carries
-
-
-def stamp() -> dict:
-    """The stamps of a record made now: the commit of the code that records it (with `commit_dirty` where the tree
-    had uncommitted changes), and the CPU it runs on, model and flags (a run is recorded by the invocation that ran
-    it, on its machine; a run found finished in <out> is recorded at this invocation's commit). The record's `date`
-    is its run's own (read_run)."""
-    from prime_values.models.build import cpu_flags, cpu_model
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    flags = cpu_flags()
-    return {"commit": git("rev-parse", "--short=12", "HEAD") or "unknown",
-            "commit_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-            "cpu": cpu_model(), "cpu_flags": sorted(flags) if flags is not None else None}
-
-
-def unstamped(runs: list[dict]) -> dict[str, int]:
-    """Per stamp of STAMPS, how many of `runs` lack it (records made before the protocol carry no commit, date or
-    CPU): named in the report, never guessed."""
-    return {k: n for k in STAMPS if (n := sum(not r.get(k) for r in runs))}
-
-
 def record_path(records: Path, ckpt: int, sha: str, cell: str, seed: int) -> Path:
     return records / f"ckpt{ckpt}-{sha}" / cell / f"seed{seed}.json"
 
@@ -280,17 +251,13 @@ def has_record(records: Path, key: dict, ckpt: int, sha: str, cell: str, seed: i
 
 
 def write_record(records: Path, key: dict, run: Path, out: Path, ckpt: int, sha: str) -> dict | None:
-    """The record of a finished run directory (None: not finished, nothing written); written atomically."""
+    """The record of a finished run directory (None: not finished, nothing written), stamped (its date is its run's
+    own; a run found finished in <out> is recorded at this invocation's commit and machine); written atomically."""
     rec = read_run(run, out / f"ckpt{ckpt}" / "base", ckpt)
     if rec is None or rec["status"] != "finished":
         return None
-    rec.update(run=str(run.relative_to(out)), grid=key, checkpoint_sha=sha, ckpt=f"{ckpt}-{sha}", **stamp())
-    path = record_path(records, ckpt, sha, rec["cell"], rec["seed"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec, indent=1) + "\n")
-    os.replace(tmp, path)
-    return rec
+    rec.update(run=str(run.relative_to(out)), grid=key, checkpoint_sha=sha, ckpt=f"{ckpt}-{sha}")
+    return common.write_record(record_path(records, ckpt, sha, rec["cell"], rec["seed"]), rec)
 
 
 class HeavyLock:
@@ -362,7 +329,7 @@ def build_smoke_base(base: Path, overrides: list[str]) -> None:
     (base / "report" / "summary.json").write_text(json.dumps({"status": "smoke: untrained version 0"}))
 
 
-def run_grid(args, cells, common: list[str]) -> int:
+def run_grid(args, cells, overrides_all: list[str]) -> int:
     out, records, key = Path(args.out), Path(args.records), grid_key(args)
     failures = 0
     for c in args.ckpt_seeds:
@@ -382,10 +349,10 @@ def run_grid(args, cells, common: list[str]) -> int:
                 return failures
             shutil.rmtree(base, ignore_errors=True)
             if args.smoke:
-                build_smoke_base(base, common)
+                build_smoke_base(base, overrides_all)
             else:
                 try:
-                    rc = child([*common, *BASE_PINS.get(args.experiment, []), f"seed={c}",
+                    rc = child([*overrides_all, *BASE_PINS.get(args.experiment, []), f"seed={c}",
                                 f"policy.warm_start.seed={c}", "steps=1", "eval_every=1", f"hydra.run.dir={base}"],
                                out / "logs" / f"ckpt{c}_base.txt", args.timeout, args.lock, args.stop_after)
                 except TooLate:
@@ -413,7 +380,7 @@ def run_grid(args, cells, common: list[str]) -> int:
                 shutil.rmtree(run, ignore_errors=True)
                 seed_run(base, run, ("policy",) if kind == "plain" else ("policy", "critic"))
                 try:
-                    rc = child(["-m", *common, *cell_overrides(kind, g, args.rollouts, extra), f"seed={s}",
+                    rc = child(["-m", *overrides_all, *cell_overrides(kind, g, args.rollouts, extra), f"seed={s}",
                                 *RUN_PINS.get(args.experiment, []),
                                 f"steps={args.steps}", f"eval_every={args.eval_every}", f"hydra.sweep.dir={sweep}",
                                 f"hydra.sweep.subdir=seed{s}"],
@@ -511,8 +478,7 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
     times = [m["time"] for f in (run / "metrics").glob("*.jsonl") for m in read_metrics(f) if "time" in m]
     critic_cpu = sum(last(read_metrics(run / "metrics" / f"{role}.jsonl"), "cpu_s") or 0.0
                      for role in ("value_trainer", "evaluator")) if kind not in CRITIC_FREE else 0.0
-    summary = json.loads((run / "report" / "summary.json").read_text()) if (run / "report" / "summary.json").exists() \
-        else {}
+    summary = common.summary(run)
     equal = [m["groups_equal_reward"] for m in batches if m.get("groups_equal_reward") is not None]
     ev = [(m["step"], m["critic_explained_variance"]) for m in batches
           if isinstance(m.get("critic_explained_variance"), float) and math.isfinite(m["critic_explained_variance"])]
@@ -800,7 +766,7 @@ def stamps_line(runs: list[dict], records: Path) -> str:
 
 def cells_table(runs: list[dict]) -> list[str]:
     """Per cell: runs and seeds, start, endpoint and final accuracy (mean and SD over seeds), warm-start tokens."""
-    from budget_stats import run_endpoint, warm_start_tokens
+    from bench.budget_stats import run_endpoint, warm_start_tokens
 
     def ms(xs):
         xs = [x for x in xs if x is not None]
@@ -829,7 +795,7 @@ def restate(records_root: Path = ROOT / "bench" / "records") -> str:
     """Every committed grid under the protocol, from its records alone: the arith* grids (per grid parameters and
     checkpoint, then the cells run on every checkpoint pooled) and the SmolLM2 grid (bench/smollm_grid.py's report)."""
     lines = ["# The critic study's grids under the protocol", "",
-             "`python bench/equal_budget.py --restate` (from the committed records alone; docs/benchmarks.md, "
+             "`python -m bench.equal_budget --restate` (from the committed records alone; docs/benchmarks.md, "
              "\"The critic study protocol\"). Per checkpoint: the cells, then every cell paired by seed against the "
              "reference (grpo at G = 8 at its best learning rate), the contrasts, and the A/A cell where a grid has "
              f"one. In the paired tables {PAIRED_HOW}"]
@@ -919,8 +885,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=200, help="policy steps per run (default 200)")
     ap.add_argument("--eval-every", type=int, default=10, help="policy steps between held-out evaluations")
     ap.add_argument("--heldout", type=int, default=500, help="task.heldout_size (default 500)")
-    ap.add_argument("--seeds", default="0", help="RL seeds, comma-separated (default 0)")
-    ap.add_argument("--ckpt-seeds", default="0", help="checkpoint (warm-start) seeds (default 0)")
+    common.add_seeds(ap, "0", "RL seeds")
+    common.add_seeds(ap, "0", "checkpoint (warm-start) seeds", flag="--ckpt-seeds")
     ap.add_argument("--records", default=None,
                     help="directory of the per-run records (default bench/records/<experiment>, committed; "
                          "--smoke: <out>/records)")
@@ -940,17 +906,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.out:
         ap.error("--out is required (but with --restate)")
-    args.seeds = [int(x) for x in args.seeds.split(",")]
-    args.ckpt_seeds = [int(x) for x in args.ckpt_seeds.split(",")]
     args.lock = args.lock or None
     cells = parse_cells(args.cells, args.rollouts)
-    common = [f"+experiment={args.experiment}", f"task.heldout_size={args.heldout}", *(SMOKE if args.smoke else []),
-              *args.overrides]
+    overrides_all = [f"+experiment={args.experiment}", f"task.heldout_size={args.heldout}",
+                     *(SMOKE if args.smoke else []), *args.overrides]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     args.records = args.records or str(out / "records" if args.smoke else ROOT / "bench" / "records" / args.experiment)
-    command = "python bench/equal_budget.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    failures = 0 if args.report_only else run_grid(args, cells, common)
+    command = common.command_line("equal_budget", argv)
+    failures = 0 if args.report_only else run_grid(args, cells, overrides_all)
     report(out, command, Path(args.records), grid_key(args))
     return 1 if failures else 0
 

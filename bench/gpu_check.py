@@ -1,7 +1,7 @@
 """The GPU check: one script, one table, for a lent GPU machine as it is (bench/gpu_check.sh runs it there).
 
-    python bench/gpu_check.py --device cuda:0            # real shapes, <= --budget-s (default 330 s) of run time
-    python bench/gpu_check.py --smoke                    # tiny shapes on the CPU, every code path in seconds (CI)
+    python -m bench.gpu_check --device cuda:0            # real shapes, <= --budget-s (default 330 s) of run time
+    python -m bench.gpu_check --smoke                    # tiny shapes on the CPU, every code path in seconds (CI)
 
 What it measures, per model shape (random weights built from the models' configs: speed needs no trained weights,
 and the GPU machine has no network: SmolLM2-135M and Qwen3-0.6B), per precision mode (policy.dtype float32 vs
@@ -28,17 +28,13 @@ import copy
 import json
 import platform
 import statistics
-import sys
 import time
 import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import torch
 
-HERE = Path(__file__).resolve().parent
+from bench.common import command_line, write_record
 
 # Qwen/Qwen3-0.6B-Base and HuggingFaceTB/SmolLM2-135M config.json: what shapes the compute
 SHAPES = {
@@ -266,7 +262,7 @@ def ratio_check(device: str, arch: dict | None = None, prompts: int = 16, sample
 def pipeline_rows(device: str, steps: int, log, smoke: bool = False) -> list[dict]:
     """Wall s per policy step of the embedded experiment with every role on `device`: async vs lockstep, fp32 and
     bf16-mixed (one shared warm start; bench_pipeline.run_cases)."""
-    import bench_pipeline
+    from bench import bench_pipeline
 
     cases = {"async": [], "lockstep": ["schedule.mode=lockstep"],
              "async_mixed": ["policy.dtype=bf16-mixed"], "lockstep_mixed": ["schedule.mode=lockstep",
@@ -382,7 +378,7 @@ def main(argv: list[str] | None = None) -> dict:
         """The table so far, printed and written (before the pipeline too: a run cut by its timeout keeps it)."""
         lines = table(rows)
         wall = time.time() - started
-        header = (f"`python bench/gpu_check.py {' '.join(argv if argv is not None else sys.argv[1:])}` on "
+        header = (f"`{command_line('gpu_check', argv)}` on "
                   f"{info['device']} (torch {info['torch']}, transformers {info['transformers']}, flash-attn: "
                   f"{info['flash_attn_usable']}; vllm: {info['vllm']}): {wall:.0f} s"
                   + ("" if final else " so far (the pipeline part follows)")
@@ -396,9 +392,9 @@ def main(argv: list[str] | None = None) -> dict:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
             (out / "gpu_check.md").write_text("\n".join([header, "", sizes_line, "", *lines]) + "\n")
-            (out / "gpu_check.json").write_text(json.dumps({"info": info, "sizes": sizes, "rows": rows,
-                                                            "wall_s": wall, "skipped": skipped, "final": final},
-                                                           indent=1))
+            write_record(out / "gpu_check.json", {"command": command_line("gpu_check", argv), "info": info,
+                                                  "sizes": sizes, "rows": rows, "wall_s": wall, "skipped": skipped,
+                                                  "final": final})
         return wall
 
     # the pipeline part: a shared warm start (~45 s on the H200 of 2026-11-30) and 4 runs of ~40 s (role start-up

@@ -22,5 +22,5 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 "$PY" -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.version.cuda)" 2>&1 | tee -a "$OUT/versions.txt"
 timeout 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py -k "not pipeline_with_every_role" 2>&1 \
   | tail -15 | tee "$OUT/gpu_tests.log"
-timeout "${CHECK_TIMEOUT_S:-380}" "$PY" bench/gpu_check.py --device "${DEVICE:-cuda:0}" --budget-s "${BUDGET_S:-320}" \
+timeout "${CHECK_TIMEOUT_S:-380}" "$PY" -m bench.gpu_check --device "${DEVICE:-cuda:0}" --budget-s "${BUDGET_S:-320}" \
   --out "$OUT" ${CHECK_ARGS:-} 2>&1 | tee "$OUT/check.log" | tail -60

@@ -3,7 +3,7 @@
 #   python -m bench --device cuda:0 — every pipeline role and the scoring benchmark's models on the one GPU (the roles
 #   time-share it; the table's header says so), the log and GAE benchmarks on the CPU as always.
 # Packages the machine lacks travel as pure-Python copies in .gpu_site (made here with
-# `.venv/bin/python bench/math_gpu_check.py site`; the device call carries [".gpu_site"]).
+# `.venv/bin/python -m bench.math_gpu_check site`; the device call carries [".gpu_site"]).
 # Results: $OUT/bench/results.{md,json}; add the table to docs/benchmarks.md with the date and the hardware.
 set -uo pipefail
 cd "$(dirname "$0")/.."

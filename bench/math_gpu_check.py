@@ -1,9 +1,9 @@
 """The Python side of bench/math_gpu_check.sh: a few RL steps of the math recipe on one GPU, offline, and its figures.
 
-    python bench/math_gpu_check.py site [--venv .venv]        # here: pure-Python packages -> .gpu_site
-    python bench/math_gpu_check.py probe                      # versions; which optional packages import
-    python bench/math_gpu_check.py prepare --size 0.6b --dir W --device cuda:0   # model, tokenizer, data
-    python bench/math_gpu_check.py figures <run_dir> [--json f]                # the throughput table
+    python -m bench.math_gpu_check site [--venv .venv]        # here: pure-Python packages -> .gpu_site
+    python -m bench.math_gpu_check probe                      # versions; which optional packages import
+    python -m bench.math_gpu_check prepare --size 0.6b --dir W --device cuda:0   # model, tokenizer, data
+    python -m bench.math_gpu_check figures <run_dir> [--json f]                # the throughput table
 
 The model is Qwen3-0.6B's shape (28 layers, hidden 1024, GQA 16/8 heads of 128, vocab 151,936, tied embeddings)
 with random weights, built from a config: the GPU machine has no network, so no hub download. Throughput figures
@@ -23,11 +23,11 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data" / "math_tiny.jsonl"
+from bench.common import ROOT, write_record
+
+DATA = ROOT / "tests" / "data" / "math_tiny.jsonl"
 # Qwen/Qwen3-0.6B-Base config.json (what shapes the compute), max_position_embeddings cut to what RL here uses
 QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                   num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
@@ -276,8 +276,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("site", help="copy the pure-Python packages the GPU machine lacks into .gpu_site")
-    s.add_argument("--venv", default=str(REPO / ".venv"))
-    s.add_argument("--site", default=str(REPO / ".gpu_site"))
+    s.add_argument("--venv", default=str(ROOT / ".venv"))
+    s.add_argument("--site", default=str(ROOT / ".gpu_site"))
     sub.add_parser("probe", help="versions and which optional packages import")
     p = sub.add_parser("prepare", help="random-weight model + tokenizer + synthetic GSM8K jsonl")
     p.add_argument("--size", choices=sorted(SIZES), default="0.6b")
@@ -298,10 +298,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         fig = extract(args.run_dir)
         if args.json:
-            Path(args.json).write_text(json.dumps(fig, indent=2) + "\n")
+            write_record(args.json, fig)
         print(table(fig))
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     main()

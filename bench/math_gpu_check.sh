@@ -4,7 +4,7 @@
 # (recipes/math.md, Figures). The model is Qwen3-0.6B's shape with random weights and the data a synthetic
 # GSM8K-format file (bench/math_gpu_check.py prepare): throughput is valid, learning is not.
 #
-#   here, once:   .venv/bin/python bench/math_gpu_check.py site      # pure-Python packages -> .gpu_site
+#   here, once:   .venv/bin/python -m bench.math_gpu_check site      # pure-Python packages -> .gpu_site
 #   GPU machine:  bash bench/math_gpu_check.sh                       # run tool: carry [".gpu_site"]
 #   CPU dry run:  DEVICE=cpu SIZE=tiny STEPS=2 PROMPTS=2 GROUP=2 MAX_NEW=16 PY=.venv/bin/python \
 #                     bash bench/math_gpu_check.sh
@@ -38,7 +38,7 @@ started=$(date +%s)
 export PYTHONPATH="$PWD/.gpu_site:$PWD:$WORK/standin_site${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 echo "== math_gpu_check $(date -u +%Y-%m-%dT%H:%MZ): DEVICE=$DEVICE SIZE=$SIZE STEPS=$STEPS PROMPTS=$PROMPTS GROUP=$GROUP MAX_NEW=$MAX_NEW DTYPE=$DTYPE ATTN=$ATTN"
-"$PY" bench/math_gpu_check.py probe 2>&1 | tee "$OUT/versions.txt"
+"$PY" -m bench.math_gpu_check probe 2>&1 | tee "$OUT/versions.txt"
 
 if "$PY" -c "import flash_attn" 2>/dev/null && [[ "$DEVICE" == cuda* ]]; then
   echo "== flash-attn imports: the gpu test of policy.attn_implementation=auto (flash vs sdpa logits)"
@@ -46,7 +46,7 @@ if "$PY" -c "import flash_attn" 2>/dev/null && [[ "$DEVICE" == cuda* ]]; then
 fi
 
 echo "== prepare ($SIZE model with random weights, synthetic GSM8K data) in $WORK"
-"$PY" bench/math_gpu_check.py prepare --size "$SIZE" --dir "$WORK" --device "$DEVICE" | tee "$OUT/prepare.json" \
+"$PY" -m bench.math_gpu_check prepare --size "$SIZE" --dir "$WORK" --device "$DEVICE" | tee "$OUT/prepare.json" \
   || { echo "prepare failed"; exit 1; }
 
 run_rl() {  # $1: the inference overrides, $2: the time limit in seconds, $3: seconds to the first chunk (or none)
@@ -101,5 +101,5 @@ done > "$OUT/role_errors.txt" 2>/dev/null
 [[ -s "$OUT/role_errors.txt" ]] && { echo "== role errors (role_errors.txt):"; head -60 "$OUT/role_errors.txt"; }
 cp "$WORK/run/report/summary.json" "$OUT/summary.json" 2>/dev/null
 echo "== figures ($SIZE, $DTYPE, $INFERENCE, $PROMPTS prompts x $GROUP samples, <= $MAX_NEW new tokens, all roles on $DEVICE)"
-"$PY" bench/math_gpu_check.py figures "$WORK/run" --json "$OUT/figures.json" | tee "$OUT/figures.txt"
+"$PY" -m bench.math_gpu_check figures "$WORK/run" --json "$OUT/figures.json" | tee "$OUT/figures.txt"
 exit $rc

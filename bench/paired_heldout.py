@@ -16,7 +16,7 @@ With a supervised warm start that evaluated the model as loaded (``policy.warm_s
 and the whole run's (before SFT -> the last evaluation), each paired on the same problems; the top-level figures
 stay RL's own (step 0 -> the last evaluation).
 
-    python bench/paired_heldout.py <run_dir> [--before 0] [--after <last>] [--json out.json]
+    python -m bench.paired_heldout <run_dir> [--before 0] [--after <last>] [--json out.json]
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import json
 import math
 import sys
 from pathlib import Path
+
+from bench.common import write_record
 
 
 def load(path: Path) -> dict[str, dict]:
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
         describe(f"SFT: held-out, before SFT -> step {before}", out["sft"])
         describe(f"SFT + RL: held-out, before SFT -> step {after}", out["total"])
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        write_record(args.json, out)
     return out
 
 

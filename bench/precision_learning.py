@@ -1,6 +1,6 @@
 """Does the embedded experiment learn as well in bf16 mixed precision as in fp32? (a benchmark, not a test)
 
-    python bench/precision_learning.py --dtypes float32,bf16-mixed --seeds 0,1,2 [--steps N] [--out DIR]
+    python -m bench.precision_learning --dtypes float32,bf16-mixed --seeds 0,1,2 [--steps N] [--out DIR]
 
 Runs `python -m prime_values +experiment=arith seed=S policy.dtype=D` for every pair (alternating dtypes, so a
 change in the machine's load hits both), then prints one row per run: wall time, held-out accuracy gain (first RL
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.common import ROOT, add_seeds, command_line, write_record
 
 
 def first_step(run: Path) -> dict:
@@ -61,21 +61,22 @@ def fmt(x, spec: str = ".3f") -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dtypes", default="float32,bf16-mixed")
-    ap.add_argument("--seeds", default="0,1,2")
+    add_seeds(ap, "0,1,2")
     ap.add_argument("--steps", type=int, default=None, help="policy steps (default: the experiment's)")
     ap.add_argument("--out", default="/tmp/precision_learning")
     ap.add_argument("overrides", nargs="*", help="more Hydra overrides for every run")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    dtypes, seeds = args.dtypes.split(","), [int(s) for s in args.seeds.split(",")]
+    dtypes, seeds = args.dtypes.split(","), args.seeds
     results = []
     for seed in seeds:
         for dtype in dtypes:
             r = run_one(out, dtype, seed, args.steps, args.overrides)
             results.append(r)
             print(json.dumps(r), flush=True)
-            (out / "results.json").write_text(json.dumps(results, indent=1))
+            write_record(out / "results.json",
+                         {"command": command_line("precision_learning", argv), "runs": results})
     lines = ["| policy.dtype | seed | wall s | held-out gain | EV (last batches) | step 1 ratio_mean "
              "| step 1 approx_kl | step 1 clip_fraction |", "|---|---|---|---|---|---|---|---|"]
     for r in results:

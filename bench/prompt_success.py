@@ -1,6 +1,6 @@
 """How much of the policy's per-prompt success could a critic read off the problem? (arith)
 
-    python bench/prompt_success.py <run dir> [--version V] [--problems 1500] [--seed 5]
+    python -m bench.prompt_success <run dir> [--version V] [--problems 1500] [--seed 5]
 
 At the prompt's state (response position 0) the value is the policy's probability of solving the problem,
 p(x) = pi(reference, then eos | prompt), known exactly for exact-match arith (one teacher-forced pass per
@@ -21,14 +21,11 @@ import argparse
 import random
 import re
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from critic_oracle import reference_ids, reference_suffix_probs
-from prime_values.config import load_saved
+from bench.common import add_run, run_config
+from bench.critic_oracle import reference_ids, reference_suffix_probs
 from prime_values.models import load_policy
 from prime_values.tasks import make_task
 from prime_values.weights import latest_version
@@ -84,13 +81,12 @@ def mlp(x_train, y_train, x_test, steps: int = 2000, seed: int = 0) -> torch.Ten
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="a run directory (config.yaml, weights/)")
-    parser.add_argument("--version", type=int, default=None, help="policy version (default: LATEST)")
+    add_run(parser)
     parser.add_argument("--problems", type=int, default=1500)
     parser.add_argument("--mlp-steps", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=5)
     args = parser.parse_args(argv)
-    cfg = load_saved(args.run / "config.yaml")
+    cfg = run_config(args.run)
     if cfg.task.name != "arith" or cfg.task.show_work:
         print("prompt_success: only arith without show_work has one exact answer to score against here",
               file=sys.stderr)

@@ -3,10 +3,10 @@
 accuracy curve, one small record per run under bench/records/readme/<label>/seed<S>.json (stamped with the commit,
 date, CPU, its flags and the kernels torch ran), and a table side by side.
 
-    python bench/readme_run.py --label L --seeds 0,1,2 --kernels native,avx2  # the README promise: 6 runs
-    python bench/readme_run.py --label old --seeds 0,1,2 -- steps=300 ...     # the same with overrides
-    python bench/readme_run.py --record <run_dir> --label new --seed 0        # keep a finished run as a record
-    python bench/readme_run.py --report [--labels A,B]                        # the table from the records
+    python -m bench.readme_run --label L --seeds 0,1,2 --kernels native,avx2  # the README promise: 6 runs
+    python -m bench.readme_run --label old --seeds 0,1,2 -- steps=300 ...     # the same with overrides
+    python -m bench.readme_run --record <run_dir> --label new --seed 0        # keep a finished run as a record
+    python -m bench.readme_run --report [--labels A,B]                        # the table from the records
 
 Seed S is `seed=S policy.warm_start.seed=S`: a warm start of its own, so the SFT stop varies too. Kernel variant
 `avx2` runs with torch, MKL and oneDNN held to AVX2 kernels (AVX2_KERNELS: how an AVX2-only machine rounds, on
@@ -18,7 +18,6 @@ after the other; a record that exists is kept and not rerun (the grid resumes), 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -29,10 +28,11 @@ from pathlib import Path
 
 import torch
 
+from bench import common
+from bench.common import ROOT
 from prime_values.models.build import AVX2_KERNELS
 
-ROOT = Path(__file__).resolve().parents[1]
-RECORDS = ROOT / "bench" / "records" / "readme"
+RECORDS = common.RECORDS / "readme"
 OLD = ["steps=300", "eval_every=50", "policy.warm_start.target_accuracy=0.5", "critic.warm_start.steps=300",
        "critic.warm_start.rollouts=2048", "replay.ratio=0", "policy.pack_sequences=false",
        "critic.pack_sequences=false"]  # the defaults before the replay ratio (bench/records/readme/old)
@@ -43,17 +43,11 @@ PROMISE = 0.25  # the README's promise: each run gains at least this much held-o
 
 
 def machine(env: dict[str, str]) -> dict:
-    """Where and with what a record was made: commit, date, CPU model and vector flags, torch's kernels."""
-    from prime_values.models.build import cpu_flags, cpu_model
-
-    model = cpu_model()
+    """Where and with what a record was made: its stamp (commit, date, CPU model and flags), torch's kernels."""
     probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
     kernels = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True).stdout.strip()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return {"commit": commit.stdout.strip() or "unknown", "date": datetime.date.today().isoformat(), "cpu": model,
-            "load_avg_1min_at_end": round(os.getloadavg()[0], 2),  # other processes beside the run slow its roles
-            "cpu_flags": sorted(f for f in (cpu_flags() or ()) if f.startswith(("avx", "amx"))),
-            "torch": torch.__version__, "kernels": kernels or "unknown"}
+    load = round(os.getloadavg()[0], 2)  # other processes beside the run slow its roles
+    return common.stamp(load_avg_1min_at_end=load, torch=torch.__version__, kernels=kernels or "unknown")
 
 
 def lines(path: Path) -> list[dict]:
@@ -62,7 +56,7 @@ def lines(path: Path) -> list[dict]:
 
 def record(run_dir: Path, label: str, seed: int, wall_s: float | None = None, cpu_s: float | None = None) -> dict:
     """What the table needs from one finished run directory."""
-    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    summary = common.summary(run_dir)
     metrics = {p.stem: lines(p) for p in (run_dir / "metrics").glob("*.jsonl")}
     warm = {k: v for m in metrics.get("warm_start", []) for k, v in m.items()}
     trainer = metrics.get("policy_trainer", [])
@@ -106,8 +100,7 @@ def run(label: str, seed: int, overrides: list[str], kernels: str = "native") ->
 
 def save(rec: dict) -> Path:
     path = RECORDS / rec["label"] / f"seed{rec['seed']}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rec, indent=1) + "\n")
+    common.write_record(path, rec)
     return path
 
 
@@ -148,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--label", default="new")
-    ap.add_argument("--seeds", default="0")
+    common.add_seeds(ap, "0")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--old", action="store_true", help="run with the old defaults (OLD) before any overrides")
     ap.add_argument("--record", type=Path, default=None, help="keep this finished run directory as a record")
@@ -165,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         print(save(record(args.record, args.label, args.seed, args.wall_s)))
     elif not args.report:
-        for seed in (int(s) for s in args.seeds.split(",")):
+        for seed in args.seeds:
             for kernels, label in zip(variants, labels):
                 if (RECORDS / label / f"seed{seed}.json").exists() and not args.force:
                     print(f"{label} seed {seed}: recorded already (--force reruns it)")

@@ -1,7 +1,7 @@
 """What SmolLM2-135M (policy=smollm2_135m) costs on this machine: loading the converted directory, hf sampling,
 one policy step, publishing a version. Prints one line per figure (docs/real_model.md quotes them).
 
-    python bench/real_model_costs.py [--part load,sample,step,publish] [--threads 2]
+    python -m bench.real_model_costs [--part load,sample,step,publish] [--threads 2]
 
 The conversion itself is timed by `python -m prime_values.gguf` (its gguf_source.json records convert_s)."""
 

@@ -23,9 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+from bench.common import ROOT, stamp
 
 GROUPS = ("pipeline", "scoring", "log", "gae")
 
@@ -99,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
         if g not in GROUPS:
             ap.error(f"--only: unknown benchmark {g!r}; choose from {', '.join(GROUPS)}")
     date = datetime.date.today().isoformat()
-    out = Path(args.out) if args.out else HERE / "results" / (date + ("-smoke" if args.smoke else ""))
+    out = Path(args.out) if args.out else ROOT / "bench" / "results" / (date + ("-smoke" if args.smoke else ""))
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     rows, extra = [], {}
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     warm = Path(args.warm) if args.warm else None
     if "pipeline" in only:
-        import bench_pipeline
+        from bench import bench_pipeline
 
         log("pipeline: async / slow critic / colocated / grpo / lockstep, alternating repetitions")
         pipeline = bench_pipeline.run_cases(out if args.keep_runs else None, args.smoke, args.steps, args.reps,
@@ -118,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows += [{"group": "pipeline", **r} for r in bench_pipeline.rows(pipeline)]
         warm = Path(pipeline["warm"])
     if "scoring" in only:
-        import bench_scoring
+        from bench import bench_scoring
 
         log("scoring vs generation")
         policy = critic = None
@@ -129,20 +127,20 @@ def main(argv: list[str] | None = None) -> dict:
     if "pipeline" in only and not args.keep_runs:
         shutil.rmtree(extra["pipeline"]["base"], ignore_errors=True)
     if "log" in only:
-        import bench_log
+        from bench import bench_log
 
         log("rollout log")
         rows += [{"group": "log", **r} for r in bench_log.bench_rows(args.smoke)]
     if "gae" in only:
-        import bench_gae
+        from bench import bench_gae
 
         log("gae")
         rows += [{"group": "gae", **r} for r in bench_gae.bench_rows(args.smoke)]
 
     command = "python -m bench" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
-    meta = {"date": date, "command": command, "smoke": args.smoke, "wall_s": time.time() - started,
-            "python": platform.python_version(), "cpus": os.cpu_count(), "device": device_name(args.device),
-            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
+    meta = stamp(command=command, smoke=args.smoke, wall_s=time.time() - started,
+                 python=platform.python_version(), cpus=os.cpu_count(), device=device_name(args.device),
+                 load_average=os.getloadavg() if hasattr(os, "getloadavg") else None)
     lines = table(rows)
     timing = time_lines(extra["pipeline"]) if "pipeline" in extra else []
     print("\n" + "\n".join(lines))

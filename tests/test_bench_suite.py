@@ -88,10 +88,9 @@ def test_timers_and_summary_lines(tmp_path):
 def test_gpu_mode_puts_every_role_on_the_device():
     """`python -m bench --device X` (GPU mode): the pipeline's overrides move all four device-holding roles to X
     (composed through the real config, with X = cpu here so validation passes on this machine)."""
-    sys.path.insert(0, str(ROOT / "bench"))
     from hydra import compose, initialize_config_dir
 
-    import bench_pipeline
+    from bench import bench_pipeline
     from prime_values import config
     from prime_values.__main__ import CONF_DIR
 
@@ -102,6 +101,6 @@ def test_gpu_mode_puts_every_role_on_the_device():
                                                        *bench_pipeline.device_overrides("cpu")])
     assert [cfg.topology[f"{r}_device"] for r in bench_pipeline.ROLE_DEVICES] == ["cpu"] * 4
     config.validate(cfg, cuda_count=0)
-    from run_all import device_name
+    from bench.run_all import device_name
 
     assert device_name(None) == device_name("cpu") == "CPU only"

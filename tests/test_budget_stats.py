@@ -6,13 +6,10 @@ A/A row."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import budget_stats as bs
+from bench import budget_stats as bs, common
 
 CURVE = [(0.0, 0.5), (10.0, 0.6), (20.0, 0.8), (30.0, 0.7)]
 
@@ -211,26 +208,28 @@ def test_the_aa_floor_is_reported_like_any_other_difference():
 
 
 def test_equal_budget_names_unstamped_records_and_finds_the_aa_pair(tmp_path):
-    import equal_budget as eb
+    from bench import equal_budget as eb
 
     assert eb.aa_pairs({"gae_g1", "tether_g1", "tether_g1_policy.lr2e-4", "grpo_g8", "tether_g16", "gae_g16"}) == [
         ("tether_g1", "gae_g1", "A/A: tether_g1 − gae_g1")]  # the lr variant has no gae twin; G = 16 has a group mean
     old = {**RUNS[0], "checkpoint_sha": "abc"}
     new = {**old, "commit": "5e31f64", "date": "2026-12-06", "cpu": "AMD EPYC", "cpu_flags": ["avx2"]}
-    assert eb.unstamped([old, new]) == {"commit": 1, "date": 1, "cpu": 1, "cpu_flags": 1}
-    assert eb.unstamped([new]) == {}
+    assert bs.unstamped([old, new]) == {"commit": 1, "date": 1, "cpu": 1, "cpu_flags": 1}
+    assert bs.unstamped([new]) == {}
     line = eb.stamps_line([old, new], tmp_path)
     assert line.startswith("2 records **unstamped**: they lack commit (1), date (1), cpu (1), cpu_flags (1)")
     assert "commits 5e31f64" in line and "not kept for 0-abc" in line
-    stamp = eb.stamp()
+    stamp = common.stamp(date="2026-12-01")
     assert stamp["commit"] and isinstance(stamp["commit_dirty"], bool) and stamp["cpu"]
+    assert stamp["date"] == "2026-12-01"  # a record's own date (its run's end) wins over today's
     assert stamp["cpu_flags"] is None or stamp["cpu_flags"] == sorted(stamp["cpu_flags"])
+    assert all(f.startswith(("avx", "amx")) for f in stamp["cpu_flags"] or ())
 
 
 def test_the_committed_grids_restate_from_their_records():
-    """`python bench/equal_budget.py --restate` from the committed records: the arith_chain checkpoint whose base was
+    """`python -m bench.equal_budget --restate` from the committed records: the arith_chain checkpoint whose base was
     not kept (its two seeds cannot be continued, so these figures stay) with its A/A pair."""
-    import equal_budget as eb
+    from bench import equal_budget as eb
 
     text = eb.restate()
     chain = text.split("### Checkpoint 0-9d4f8fbd6f6a")[1].split("##")[0]

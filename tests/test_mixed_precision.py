@@ -203,8 +203,7 @@ def test_auto_dtype_on_a_cpu_follows_its_bf16_instructions(tmp_path, monkeypatch
 def test_first_on_policy_ratio_stays_near_one_in_each_mode():
     """The hf backend's sampling logprobs (KV-cache decode) against the trainer's recomputation (one full forward)
     with the same weights, in each precision mode: the importance ratio of the first on-policy step."""
-    sys.path.insert(0, str(REPO / "bench"))
-    from gpu_check import ratio_check
+    from bench.gpu_check import ratio_check
 
     found = ratio_check("cpu", ARCH, prompts=8, samples=4, new_tokens=12)
     print("\nfirst on-policy ratio, embedded model on the CPU:",
@@ -417,8 +416,7 @@ def test_gpu_recipes_default_to_auto_backend_mixed_precision_and_checkpointing()
 def test_gpu_check_smoke_runs_every_part_on_the_cpu(tmp_path):
     """bench/gpu_check.py --smoke: tiny shapes, every measured part but the pipeline (tests/test_bench_suite.py runs
     bench_pipeline's smoke path), one table with every row."""
-    sys.path.insert(0, str(REPO / "bench"))
-    import gpu_check
+    from bench import gpu_check
 
     result = gpu_check.main(["--smoke", "--device", "cpu", "--out", str(tmp_path)])
     roles = {(r["role"], r.get("precision"), r.get("checkpointing")) for r in result["rows"]}

@@ -135,11 +135,8 @@ def test_paired_heldout_interval_and_format_split(tmp_path):
     """bench/paired_heldout.py on two hand-made evaluations: the paired gain, its interval and the exact split
     of the gain into format and correctness among parsable replies."""
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    import paired_heldout
+    from bench import paired_heldout
 
     def write(step, rows):
         d = tmp_path / "metrics" / "heldout"

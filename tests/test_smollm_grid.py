@@ -4,12 +4,10 @@ and, where per-problem rewards are kept, by (seed, problem): hand-worked numbers
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import smollm_grid as sg
 
 
