@@ -4,6 +4,15 @@
 Before Hydra takes over, the command line is composed once with Hydra's compose API and validated, so a
 misspelled key, a wrong type, an unknown group option or an impossible topology fails in one line, before
 any job is submitted and without a traceback. Heavy imports (torch, transformers) happen in the roles.
+
+The stages end with an outcome (prime_values.supervisor.Outcome); this is the one place that turns it into the
+exit code (EXIT_CODES):
+
+    0  finished; detached (a conductor job runs it); stopped by the user (`prime_values.tools.status --stop`)
+    1  failed (a role or stage failed for good, the pipeline's job ended badly); interrupted (Ctrl-C, SIGTERM)
+    2  a config error, before any job started
+
+In a multirun, a point that does not exit 0 ends the sweep with its code.
 """
 
 from __future__ import annotations
@@ -128,13 +137,21 @@ def _composed_without(error: BaseException, overrides: list[str]):
         return None
 
 
+EXIT_CODES = {"finished": 0, "detached": 0, "stopped": 0, "failed": 1, "interrupted": 1, "bad config": 2}
+
+
+def exit_code(outcome) -> int:
+    """The exit code of a run that ended with `outcome` (the module docstring's table)."""
+    return EXIT_CODES[outcome.ending.value]
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if not any(a in ("--help", "-h", "--hydra-help") for a in argv):
         problem = precheck(argv)
         if problem:
             print(f"prime_values: config error: {problem}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(EXIT_CODES["bad config"])
 
     import hydra
 
@@ -143,10 +160,13 @@ def main() -> None:
     register()
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-    def run(cfg) -> None:
+    def run(cfg) -> dict:
         from prime_values.stages import run_stages
 
-        return run_stages(cfg)
+        outcome = run_stages(cfg)
+        if exit_code(outcome):
+            sys.exit(exit_code(outcome))
+        return outcome.result
 
     run()
 

@@ -25,10 +25,12 @@ from omegaconf import OmegaConf
 
 from prime_values.config import load_saved, prepare as prepare_config
 from prime_values.launch import make_executor
+from prime_values.launch.local import LocalLaunch
+from prime_values.launch.slurm import ALLOCATION_ENV, in_allocation
 from prime_values.launch.zygote import ZygoteClient
-from prime_values.rundir import RunDir, write_atomic
-from prime_values.submitter import stop_reason, submit_pipeline
-from prime_values.supervisor import RoleFailed, StopRequested, Supervisor
+from prime_values.rundir import RunDir, StopReason, write_atomic
+from prime_values.submitter import submit_pipeline
+from prime_values.supervisor import Ending, Outcome, RoleFailed, StopRequested, Supervisor
 from prime_values.tools.live import LiveView
 from prime_values.tools.report import write_report
 from prime_values.tools.summary import format_summary, summarise
@@ -37,10 +39,11 @@ from prime_values.wandb_sink import start_forwarder
 from prime_values.weights import latest_version
 
 
-def prepare(cfg, output_dir: str | None = None) -> tuple[RunDir, object, ZygoteClient | None]:
+def prepare(cfg, output_dir: str | None = None, launch: LocalLaunch | None = None) \
+        -> tuple[RunDir, object, ZygoteClient | None]:
     """The run directory (`output_dir`, else Hydra's) holding the config `config.prepare` made (validated, 'auto'
-    devices resolved, resolved.* derived); a local attached run's fork server starts last, once nothing here can
-    fail any more (none leaks from a failed prepare)."""
+    devices resolved, resolved.* derived); a local attached run's fork server (unless `launch` has one already: the
+    stages') starts last, once nothing here can fail any more (none leaks from a failed prepare)."""
     if output_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
@@ -52,7 +55,8 @@ def prepare(cfg, output_dir: str | None = None) -> tuple[RunDir, object, ZygoteC
     if run.stop_requested():
         run.stop_file.unlink()  # a rerun in the same directory resumes
     run.register_conductor(watch=cfg.launcher.name == "local")
-    return run, cfg, ZygoteClient(run.root) if wants_fork_server(cfg) else None
+    starts = wants_fork_server(cfg) and (launch is None or launch.fork_server is None)
+    return run, cfg, ZygoteClient(run.root) if starts else None
 
 
 OUR_LOGGERS = ("prime_values", "hydra", "__main__")  # their INFO records reach the console; other libraries' do not
@@ -84,51 +88,51 @@ def _terminate_gracefully(signum, frame):
     raise KeyboardInterrupt  # SIGTERM: stop the roles like Ctrl-C does
 
 
-def conduct(cfg) -> dict:
+def conduct(cfg, launch: LocalLaunch | None = None) -> Outcome:
     """The rl stage: prepare the run directory, then run the roles here, or, with launcher.detach, submit a
-    conductor job that runs them and return at once."""
-    fork_server = None
+    conductor job that runs them and return at once. `launch`: the stages' (its fork server serves the roles too);
+    without one, a local attached run starts its own fork server when launcher.fork_server asks for it."""
+    own = None
     try:
-        run, cfg, fork_server = prepare(cfg)
-        from prime_values.launch.slurm import in_allocation
-
+        run, cfg, fork_server = prepare(cfg, launch=launch)
+        if fork_server is not None:
+            launch = own = LocalLaunch(fork_server)
         if cfg.launcher.name == "slurm" and not in_allocation():
             signal.signal(signal.SIGTERM, _terminate_gracefully)
             return submit_pipeline(run, cfg, _allocation_main)
         if cfg.launcher.detach:
             return detach(run, cfg)
         signal.signal(signal.SIGTERM, _terminate_gracefully)
-        return run_roles(run, cfg, fork_server)
+        return run_roles(run, cfg, launch, close_launch=own is not None)
     finally:  # every exit, an error included, and each point of a multirun (each comes through here)
-        stop_fork_server(fork_server)  # run_roles stops it once the roles have ended; this covers the other exits
+        if own is not None:
+            own.close()  # run_roles closes it once the roles have ended; this covers the other exits
+
+
+class RunFailed(RuntimeError):
+    """A conductor job's run ended badly (failed or interrupted): the job fails with it."""
 
 
 def _allocation_main(run_dir: str) -> dict:
     """The batch step of the pipeline's SLURM job: the conductor, whose roles are srun steps of this job."""
-    from prime_values.launch.slurm import ALLOCATION_ENV
-
     os.environ[ALLOCATION_ENV] = "1"
     signal.signal(signal.SIGTERM, _terminate_gracefully)  # scancel / the end of the time limit: stop the roles
     run = RunDir(run_dir)
-    asked = stop_reason(run)  # the stop the conductor of a lost allocation asked for is not the user's: resume
-    if asked is not None and "user" not in asked and asked != "stopped":
+    asked = run.stop_reason()  # the stop the conductor of a lost allocation asked for is not the user's: resume
+    if asked is not None and not asked.asked_by_user:
         run.stop_file.unlink(missing_ok=True)
-    try:
-        return drive(run_dir)
-    except SystemExit as exit_:  # a failed run: the job fails with it, the summary is in the run directory
-        if exit_.code:
-            raise RuntimeError(f"the run failed; see {RunDir(run_dir).report / 'summary.json'}") from None
-        raise
+    return drive(run_dir)
 
 
-def detach(run: RunDir, cfg) -> dict:
+def detach(run: RunDir, cfg) -> Outcome:
     executor = make_executor(cfg.launcher, run.jobs, "conductor", "cpu")
     with _detached_stdio():
         job = executor.submit(drive, str(run.root))
     print(f"prime_values: detached; conductor job {job.job_id} runs the roles of {run.root}\n"
           f"  follow it:  python -m prime_values.tools.status {run.root}\n"
           f"  stop it:    python -m prime_values.tools.status {run.root} --stop", flush=True)
-    return {"status": "detached", "run_dir": str(run.root), "conductor_job": str(job.job_id)}
+    return Outcome(Ending.DETACHED, result={"status": "detached", "run_dir": str(run.root),
+                                            "conductor_job": str(job.job_id)})
 
 
 @contextlib.contextmanager
@@ -152,28 +156,37 @@ def _detached_stdio():
 
 
 def drive(run_dir: str) -> dict:
-    """The conductor job of a detached run: the same loop as an attached conductor, from the run directory."""
+    """The conductor job of a detached run (and the batch step of the pipeline's SLURM job): the same loop as an
+    attached conductor, from the run directory. Returns the run's summary; a run that failed or was interrupted
+    fails the job (RunFailed), its summary in the run directory."""
     run = RunDir(run_dir)
     cfg = load_saved(run.config)
     run.register_conductor(watch=cfg.launcher.name == "local")
-    return run_roles(run, cfg)
+    outcome = run_roles(run, cfg)
+    if outcome.failed:
+        raise RunFailed(f"the run failed; see {run.report / 'summary.json'}")
+    return outcome.result
 
 
-def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict:
-    """Run the roles of the rl stage from this process until the policy trainer ends; `fork_server`: one already
-    starting (prepare), else one is started here when launcher.fork_server asks for it."""
+def run_roles(run: RunDir, cfg, launch: LocalLaunch | None = None, close_launch: bool = False) -> Outcome:
+    """Run the roles of the rl stage from this process until the policy trainer ends. `launch`: how the local role
+    jobs start (its fork server, when it has one, is waited for before the first); with `close_launch` it is closed
+    once the roles have ended."""
     quiet_libraries()
-    fleet = Supervisor(run, cfg)
+    launch = launch or LocalLaunch()
+    fleet = Supervisor(run, cfg, launch)
     progress = LiveView(run, cfg.steps)
     print(f"prime_values: run directory {run.root}", flush=True)
-    reason, failure = "finished", None
+    ending, failure = Ending.FINISHED, None
     if run.done_file("policy_trainer").exists() and (latest_version(run.weights("policy")) or 0) >= cfg.steps:
         print(f"prime_values: this run already finished all {cfg.steps} steps; nothing to redo", flush=True)
         summary = summarise(run, status="finished")
         print(format_summary(summary), flush=True)
-        return summary
+        if close_launch:
+            launch.close()
+        return Outcome(Ending.FINISHED, result=summary)
     sink = start_forwarder(run, cfg)  # forwards metrics/*.jsonl to W&B; a no-op with wandb.mode=disabled
-    fork_server = start_fork_server(run, cfg, fork_server)
+    launch.wait_ready()
     try:
         warm = fleet.submit("warm_start", "warm_start", cfg.topology.policy_trainer_device)
         while fleet.check() is not warm:
@@ -182,26 +195,31 @@ def run_roles(run: RunDir, cfg, fork_server: ZygoteClient | None = None) -> dict
         while (ended := fleet.check()) is None or ended.role != "policy_trainer":
             _poll(run, progress, cfg)
     except RoleFailed as error:
-        reason, failure = "failed", str(error)
+        ending, failure = Ending.FAILED, str(error)
     except KeyboardInterrupt:
-        reason, failure = "interrupted", "interrupted by the user"
+        ending, failure = Ending.INTERRUPTED, "interrupted by the user"
     except StopRequested as stop:
-        reason, failure = "stopped", str(stop)
+        ending, failure = Ending.STOPPED, str(stop)
     finally:
-        fleet.stop(reason, cfg.launcher.stop_grace_s)
-        stop_fork_server(fork_server)
+        fleet.stop(STOP_REASONS[ending], cfg.launcher.stop_grace_s)
+        if close_launch:
+            launch.close()
     progress.show(final=True)
-    summary = summarise(run, status=reason, error=failure)
-    sink.close(summary, exit_code=1 if failure and reason != "stopped" else 0)
-    report(run, summary, cfg.log.plots)
+    outcome = Outcome(ending, failure, summarise(run, status=ending.value, error=failure))
+    sink.close(outcome.result, exit_code=1 if outcome.failed else 0)  # the W&B run's exit code
+    report(run, outcome.result, cfg.log.plots)
     try:
         after_point(run.root)  # inside a multirun: refresh the sweep's one-row-per-point summary
     except Exception as error:  # noqa: BLE001 - the sweep summary is a convenience; the run's outcome stands
         print(f"prime_values: could not write the sweep summary ({type(error).__name__}: {error})", file=sys.stderr)
-    if failure and reason != "stopped":
+    if outcome.failed:
         print(f"prime_values: {failure}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    return summary
+    return outcome
+
+
+# what the conductor writes to control/STOP when it stops the roles at the end of a run
+STOP_REASONS = {Ending.FINISHED: StopReason.FINISHED, Ending.FAILED: StopReason.FAILED,
+                Ending.INTERRUPTED: StopReason.INTERRUPTED, Ending.STOPPED: StopReason.STOPPED}
 
 
 def report(run: RunDir, summary: dict, plots: bool) -> None:
@@ -218,44 +236,10 @@ def report(run: RunDir, summary: dict, plots: bool) -> None:
 
 
 def wants_fork_server(cfg) -> bool:
-    """Whether this process should start a fork server for its jobs: launcher.fork_server on a local attached run
-    (not inside a SLURM allocation), and none is running for it yet (the stages' one, `run_stages`)."""
-    from prime_values.launch import local
-    from prime_values.launch.slurm import in_allocation
-
-    return (cfg.launcher.name == "local" and cfg.launcher.fork_server and not cfg.launcher.detach
-            and not in_allocation() and local.FORK_SERVER is None)
-
-
-def start_fork_server(run: RunDir, cfg, server: ZygoteClient | None = None) -> ZygoteClient | None:
-    """launcher.fork_server (local runs): the process the role jobs are forked from (`server` when it is already
-    starting), ready before the first one. Returns the server this caller must stop (None: none, or the stages'
-    one, which they stop)."""
-    from prime_values.launch import local
-
-    if server is None and not wants_fork_server(cfg):
-        if local.FORK_SERVER is not None:
-            wait_for_fork_server(local.FORK_SERVER)
-        return None
-    server = server or ZygoteClient(run.root)
-    wait_for_fork_server(server)
-    local.FORK_SERVER = server
-    return server
-
-
-def wait_for_fork_server(server: ZygoteClient) -> None:
-    if not server.ready(wait_s=120):  # its imports take what one role's would; then every role skips them
-        print("prime_values: the fork server did not start; jobs start as fresh processes", flush=True)
-
-
-def stop_fork_server(server) -> None:
-    if server is None:
-        return
-    from prime_values.launch import local
-
-    if local.FORK_SERVER is server:
-        local.FORK_SERVER = None
-    server.close()
+    """Whether launcher.fork_server asks for a fork server for this process's jobs: a local attached run, not
+    inside a SLURM allocation."""
+    return bool(cfg.launcher.name == "local" and cfg.launcher.fork_server and not cfg.launcher.detach
+                and not in_allocation())
 
 
 def _poll(run: RunDir, progress: LiveView, cfg) -> None:

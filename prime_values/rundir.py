@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from enum import Enum
 from pathlib import Path
 
 import psutil
@@ -22,6 +23,29 @@ def process_alive(pid: int, create_time: float | None = None) -> bool:
         return False
     except psutil.AccessDenied:  # it exists, owned by someone else
         return create_time is None
+
+class StopReason(Enum):
+    """Why `control/STOP` was written. Its file holds the value (`{"reason": "user", "detail": ..., "at": ...}`); a
+    file this enum does not know (an older run directory's free text, a test's) reads as OTHER."""
+
+    USER = "user"  # `python -m prime_values.tools.status <run> --stop`
+    USER_INTERRUPT = "user_interrupt"  # Ctrl-C (or SIGTERM) on the pipeline submitter of launcher=slurm
+    STOPPED = "stopped"  # the conductor stops the roles after a stop was asked for
+    FINISHED = "finished"  # the conductor stops the roles when the policy trainer reached its last step
+    FAILED = "failed"  # the conductor stops the roles when one failed for good
+    INTERRUPTED = "interrupted"  # the conductor got Ctrl-C or SIGTERM (scancel, the end of a time limit)
+    OTHER = "other"  # any other text
+
+    @property
+    def asked_by_user(self) -> bool:
+        """Whether the user asked for the stop (status --stop, Ctrl-C on the submitter), or the conductor relays
+        such a stop: a fresh allocation of the run stops too instead of resuming it."""
+        return self in (StopReason.USER, StopReason.USER_INTERRUPT, StopReason.STOPPED)
+
+
+DEFAULT_STOP_DETAIL = {StopReason.USER: "stop requested by the user (prime_values.tools.status --stop)",
+                       StopReason.USER_INTERRUPT: "interrupted by the user"}
+
 
 class RunDir:
     def __init__(self, root: str | os.PathLike):
@@ -81,12 +105,26 @@ class RunDir:
     def stop_file(self) -> Path:
         return self.root / "control" / "STOP"
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: StopReason | str, detail: str | None = None) -> None:
+        """Write the stop file; a text `reason` (a tool's own words) is kept as the detail of StopReason.OTHER."""
+        if not isinstance(reason, StopReason):
+            reason, detail = StopReason.OTHER, reason if detail is None else detail
+        detail = DEFAULT_STOP_DETAIL.get(reason, reason.value) if detail is None else detail
         self.stop_file.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.stop_file, json.dumps({"reason": reason, "at": time.time()}))
+        write_atomic(self.stop_file, json.dumps({"reason": reason.value, "detail": detail, "at": time.time()}))
 
     def stop_requested(self) -> bool:
         return self.stop_file.exists()
+
+    def stop_reason(self) -> StopReason | None:
+        """The reason in the stop file, None when there is none; OTHER when it is unreadable or not one of
+        StopReason's values."""
+        if not self.stop_requested():
+            return None
+        try:
+            return StopReason(json.loads(self.stop_file.read_text()).get("reason"))
+        except (OSError, ValueError, AttributeError):
+            return StopReason.OTHER
 
     @property
     def warmup_done_file(self) -> Path:

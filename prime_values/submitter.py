@@ -9,27 +9,16 @@ import json
 import sys
 import time
 
-from prime_values.rundir import RunDir, write_atomic
-from prime_values.supervisor import RestartBudget, StopRequested
+from prime_values.rundir import RunDir, StopReason, write_atomic
+from prime_values.supervisor import Ending, Outcome, RestartBudget, StopRequested
 from prime_values.tools.live import LiveView
 from prime_values.tools.summary import format_summary, summarise
-
-
-def stop_reason(run: RunDir) -> str | None:
-    """The reason in the run's stop file ('' when unreadable), None when there is none."""
-    if not run.stop_requested():
-        return None
-    try:
-        return str(json.loads(run.stop_file.read_text()).get("reason", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
-
 
 LOST = {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}  # the allocation was lost, not the run: requeue and resume
 LOST_GRACE_S = 30.0  # how long a lost job may take to be requeued by SLURM itself before it is resubmitted
 
 
-def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
+def submit_pipeline(run: RunDir, cfg, allocation_main) -> Outcome:
     """launcher=slurm: the rl stage as one sbatch job for all roles (prime_values.launch.slurm), followed from here:
     queued (and why), then the live view from the run directory; a lost allocation is resubmitted (launcher.
     max_restarts per launcher.restart_window_s, the supervisor's RestartBudget) and the next one resumes the run;
@@ -67,9 +56,10 @@ def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
     if launcher.detach:
         print(f"prime_values: detached; follow it:  python -m prime_values.tools.status {run.root}\n"
               f"  stop it:    python -m prime_values.tools.status {run.root} --stop", flush=True)
-        return {"status": "detached", "run_dir": str(run.root), "conductor_job": str(job.job_id)}
+        return Outcome(Ending.DETACHED, result={"status": "detached", "run_dir": str(run.root),
+                                                "conductor_job": str(job.job_id)})
     budget = RestartBudget.of(launcher)  # the budget of a role, for the whole allocation
-    shown_queue, reason, lost_since = None, None, None
+    shown_queue, reason, lost_since, interrupted = None, None, None, False
     try:
         while True:
             state = job_states([job]).get(job.job_id, "UNKNOWN")
@@ -100,18 +90,19 @@ def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
                 if state != "COMPLETED":
                     reason = f"the pipeline job {job.job_id} ended {state} (log: {job.paths.stderr})"
                 break
-            if stop_reason(run) and "user" in stop_reason(run):  # not the stop of a lost allocation's conductor
+            if run.stop_reason() in (StopReason.USER, StopReason.USER_INTERRUPT):  # not a conductor's own stop
                 raise StopRequested(f"stop requested through {run.stop_file}")
             time.sleep(max(cfg.launcher.poll_s, 1.0))
     except (KeyboardInterrupt, StopRequested) as stop:
         if isinstance(stop, KeyboardInterrupt):  # (a StopRequested: the user's stop file is there already)
-            run.request_stop("interrupted by the user")
+            run.request_stop(StopReason.USER_INTERRUPT)
         deadline = time.time() + cfg.launcher.stop_grace_s + 30
         while time.time() < deadline and job_states([job]).get(job.job_id) not in (
                 "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             time.sleep(1)
         cancel_all([job])
-        reason = None if isinstance(stop, StopRequested) else "interrupted by the user"
+        interrupted = isinstance(stop, KeyboardInterrupt)
+        reason = "interrupted by the user" if interrupted else None
     (run.root / "control" / "queued").unlink(missing_ok=True)
     progress.show(final=True)
     summary_file = run.report / "summary.json"
@@ -121,5 +112,5 @@ def submit_pipeline(run: RunDir, cfg, allocation_main) -> dict:
     failure = (summary.get("error") if summary.get("status") == "failed" else None) or reason
     if failure:
         print(f"prime_values: {failure}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    return summary
+        return Outcome(Ending.INTERRUPTED if interrupted else Ending.FAILED, failure, summary)
+    return Outcome(Ending.STOPPED if summary.get("status") == "stopped" else Ending.FINISHED, result=summary)

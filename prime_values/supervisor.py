@@ -23,6 +23,9 @@ launcher.restart_window_s). On top of that budget, five rules:
   (prime_values.submitter), or the node answers again and the roles restart then.
 
 Roles never talk to the supervisor: it reads what they write (heartbeats, done markers) and the jobs' exit states.
+
+A run (the conductor), the pipeline submitter and the stages end with an `Outcome`; `python -m prime_values` turns
+it into the exit code (prime_values.__main__.EXIT_CODES).
 """
 
 from __future__ import annotations
@@ -30,11 +33,16 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
 
 from prime_values.config.critic import trains_critic
 from prime_values.launch import entry, kill_job, make_executor
 from prime_values.launch.topology import pipeline_roles, role_gpus, role_procs
-from prime_values.rundir import RunDir, write_atomic
+from prime_values.rundir import RunDir, StopReason, write_atomic
+
+if TYPE_CHECKING:
+    from prime_values.launch.local import LocalLaunch
 
 BACKOFF_MAX_S = 60.0
 LOST_NODE_RECHECK_S = 5.0  # launcher=slurm over several nodes: how often a role held for a lost node is looked at
@@ -47,6 +55,30 @@ class RoleFailed(RuntimeError):
 
 class StopRequested(Exception):
     pass
+
+
+class Ending(Enum):
+    FINISHED = "finished"  # every stage, or the run's last policy step, is done
+    DETACHED = "detached"  # launcher.detach: a conductor job (or the pipeline's SLURM job) runs it from here on
+    STOPPED = "stopped"  # the user asked for a stop (prime_values.tools.status --stop) and the run stopped cleanly
+    INTERRUPTED = "interrupted"  # Ctrl-C or SIGTERM
+    FAILED = "failed"  # a role or stage failed for good, or the pipeline's job ended badly
+    BAD_CONFIG = "bad config"  # refused before any job started
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run, or one stage of it, ended: `cause`, its reason in words (the failure, the interruption, the config
+    error), and `result`, what it produced (the run's summary, a stage's done record, the pipeline's records)."""
+
+    ending: Ending
+    cause: str | None = None
+    result: dict = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the run ended badly: failed, interrupted, or refused for its config."""
+        return self.ending in (Ending.FAILED, Ending.INTERRUPTED, Ending.BAD_CONFIG)
 
 
 @dataclass
@@ -101,6 +133,7 @@ class RoleJob:
     last_beat: float | None = None  # the newest heartbeat the supervisor saw
     quiet_seen: float = 0.0  # how long after last_beat the supervisor last saw no newer one
     longest_quiet: float = 0.0  # the longest silence between two heartbeats of a job of this role it saw, this run
+    function: object = None  # a stage job's function (prime_values.stages), run instead of the role's entry
 
 
 def exit_cause(job) -> tuple[bool, str | None]:
@@ -169,22 +202,27 @@ class Supervisor:
 
     run: RunDir
     cfg: object
+    launch: LocalLaunch | None = None  # a local run's: its jobs fork from its fork server
     jobs: list[RoleJob] = field(default_factory=list)
     restarts: int = 0
 
     def _launch(self, role_job: RoleJob) -> None:
-        executor = make_executor(self.cfg.launcher, self.run.jobs, role_job.name, role_job.device,
-                                 tasks=role_procs(self.cfg.topology, role_job.role),  # trainers: one task per rank
-                                 gpus=role_gpus(self.cfg.topology, role_job.role),
-                                 first_gpu=self._gpu_offsets().get(role_job.name, 0),
-                                 nodes=self._nodes(role_job.role))
+        if role_job.function is not None:  # a stage job: one process, on its device
+            executor = make_executor(self.cfg.launcher, self.run.jobs, role_job.name, role_job.device,
+                                     launch=self.launch)
+        else:
+            executor = make_executor(self.cfg.launcher, self.run.jobs, role_job.name, role_job.device,
+                                     tasks=role_procs(self.cfg.topology, role_job.role),  # trainers: a task per rank
+                                     gpus=role_gpus(self.cfg.topology, role_job.role),
+                                     first_gpu=self._gpu_offsets().get(role_job.name, 0),
+                                     nodes=self._nodes(role_job.role), launch=self.launch)
         role_job.job = executor.submit(*self._call(role_job))
         if not getattr(role_job.job, "started_at", 0.0):
             role_job.job.started_at = time.time()
 
     def _call(self, role_job: RoleJob) -> tuple:
-        """What the role's job runs: its entry function and arguments."""
-        return (entry(role_job.role), str(self.run.root), *role_job.args)
+        """What the role's job runs: its entry function (a stage job's function) and arguments."""
+        return (role_job.function or entry(role_job.role), str(self.run.root), *role_job.args)
 
     def _gpu_offsets(self) -> dict[str, int]:
         """launcher=slurm: where each role's GPUs start among the allocation's (launch.slurm.gpu_offsets)."""
@@ -209,8 +247,9 @@ class Supervisor:
         role_job.quiet_seen = 0.0
         self._launch(role_job)
 
-    def submit(self, name: str, role: str, device: str, *args) -> RoleJob:
-        role_job = RoleJob(name, role, None, device, args)
+    def submit(self, name: str, role: str, device: str, *args, function=None) -> RoleJob:
+        """Start a job of role `role` named `name`; with `function`, a stage job that runs `function(run_dir)`."""
+        role_job = RoleJob(name, role, None, device, args, function=function)
         self._start(role_job)
         self.jobs.append(role_job)
         return role_job
@@ -336,7 +375,7 @@ class Supervisor:
     def running(self) -> list[RoleJob]:
         return [j for j in self.jobs if not j.job.done()]
 
-    def stop(self, reason: str, grace_s: float) -> None:
+    def stop(self, reason: StopReason, grace_s: float) -> None:
         """Ask every role to stop, give them `grace_s` to finish, then cancel (and finally kill) the rest."""
         self.run.request_stop(reason)
         for role_job in self.jobs:

@@ -56,8 +56,8 @@ def no_result_wait(monkeypatch):
         monkeypatch.setattr(LocalRoleExecutor.job_class, name, waiting)
 
 
-def _submit(tmp_path: Path, fn, tasks: int = 1, *args):  # jobs/<fn name>: as a role job folder
-    executor = LocalRoleExecutor(folder=tmp_path / "jobs" / fn.__name__)
+def _submit(tmp_path: Path, fn, tasks: int = 1, *args, fork_server=None):  # jobs/<fn name>: as a role job folder
+    executor = LocalRoleExecutor(folder=tmp_path / "jobs" / fn.__name__, fork_server=fork_server)
     executor.update_parameters(timeout_min=5, tasks_per_node=tasks)
     return executor.submit(fn, *args)
 
@@ -231,18 +231,16 @@ def test_cfg_job_prints_a_slurm_config_without_sbatch(tmp_path):
 def test_jobs_forked_from_the_fork_server(tmp_path, no_result_wait):
     """launcher.fork_server: the job runs in a process forked from the pre-imported server (no fresh interpreter),
     with the same exit causes, the run directory on its command line, and nothing left when the server closes."""
-    from prime_values.launch import local
     from prime_values.launch.zygote import ZygoteClient, ZygoteJob
 
     server = ZygoteClient(tmp_path)
     try:
         assert server.ready(wait_s=120), "the fork server did not come up"
-        local.FORK_SERVER = server
-        job = _submit(tmp_path, _raise)
+        job = _submit(tmp_path, _raise, fork_server=server)
         assert isinstance(job._process, ZygoteJob)
         took, cause = _wait_end(job)
         assert cause == "exit code 1: ValueError: the answer column is missing", (cause, took)
-        job = _submit(tmp_path, _sleep, 1, 120.0)
+        job = _submit(tmp_path, _sleep, 1, 120.0, fork_server=server)
         deadline = time.time() + 10
         while not (tasks := descendants(int(job.job_id))) and time.time() < deadline:
             time.sleep(0.02)
@@ -254,7 +252,6 @@ def test_jobs_forked_from_the_fork_server(tmp_path, no_result_wait):
         took, cause = _wait_end(job)
         assert cause == "killed by signal 9", (cause, took)
     finally:
-        local.FORK_SERVER = None
         server.close()
     assert server.process.poll() is not None
 
@@ -272,11 +269,12 @@ class _EndedJob(_FakeJob):
 
 
 def test_roles_ending_after_a_stop_request_are_not_restarted(tmp_path, capsys):
+    from prime_values.rundir import StopReason
     from prime_values.supervisor import StopRequested
 
     fleet, job, launched = _fleet(tmp_path)
     job.job = _EndedJob(None)  # it exited cleanly because it was told to stop
-    fleet.run.request_stop("stop requested by the user")
+    fleet.run.request_stop(StopReason.USER)
     with pytest.raises(StopRequested):
         fleet.check()
     assert not launched and "restarting" not in capsys.readouterr().out

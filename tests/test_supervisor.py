@@ -66,7 +66,8 @@ class _Jobs(Supervisor):
     target = staticmethod(sleep_forever)
 
     def _launch(self, role_job: RoleJob) -> None:
-        executor = LocalRoleExecutor(folder=self.run.jobs / role_job.name)
+        executor = LocalRoleExecutor(folder=self.run.jobs / role_job.name,
+                                     fork_server=self.launch.fork_server if self.launch else None)
         executor.update_parameters(timeout_min=30, tasks_per_node=1)
         role_job.job = executor.submit(self.target, str(self.run.root), role_job.name)
 
@@ -271,14 +272,14 @@ def test_a_deterministic_start_up_error_ends_the_run_at_once(tmp_path):
 def test_a_fork_server_death_is_not_charged_to_its_roles(tmp_path, capsys):
     """Two roles forked from the fork server; the server is SIGKILLed and both die with it. With a restart budget of
     0 any charged restart would fail the run: both come back as fresh processes, uncharged."""
-    from prime_values.launch import local
+    from prime_values.launch.local import LocalLaunch
     from prime_values.launch.zygote import ZygoteClient, ZygoteJob
 
     server = ZygoteClient(tmp_path)
     supervisor = _supervisor(tmp_path, _Jobs, max_restarts=0)
     try:
         assert server.ready(wait_s=GUARD_S), "the fork server did not come up"
-        local.FORK_SERVER = server
+        supervisor.launch = LocalLaunch(server)
         jobs = [supervisor.submit(name, "inference", "cpu") for name in ("inference0", "orchestrator")]
         assert all(isinstance(j.job._process, ZygoteJob) for j in jobs)
         first = [j.job.job_id for j in jobs]
@@ -293,7 +294,6 @@ def test_a_fork_server_death_is_not_charged_to_its_roles(tmp_path, capsys):
         assert all(not j.job.done() for j in jobs)  # the replacements run
         assert json.loads(supervisor.run.restarts_file.read_text()) == {"inference0": 1, "orchestrator": 1}
     finally:
-        local.FORK_SERVER = None
         for role_job in supervisor.jobs:
             kill_tree(role_job.job)
         server.close()
@@ -435,9 +435,9 @@ def test_the_fork_server_starts_last_and_never_outlives_a_failed_conductor(tmp_p
     assert started == []  # it had not started: nothing to leak
     monkeypatch.undo()
     monkeypatch.setattr(conductor, "ZygoteClient", Recorder)
-    monkeypatch.setattr(conductor, "prepare", lambda cfg: (RunDir(tmp_path / "b"), cfg, Recorder(tmp_path)))
+    monkeypatch.setattr(conductor, "prepare", lambda cfg, launch: (RunDir(tmp_path / "b"), cfg, Recorder(tmp_path)))
 
-    def failing_roles(run, cfg, fork_server):
+    def failing_roles(run, cfg, launch, close_launch):
         raise KeyError("a role list that cannot be built")
 
     monkeypatch.setattr(conductor, "run_roles", failing_roles)

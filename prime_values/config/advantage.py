@@ -8,7 +8,6 @@ the critic roles (`uses_critic`), and how many rollouts a group or a batch must 
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator
@@ -17,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from prime_values.algo.estimators import ESTIMATORS, Estimator, missing_members
 from prime_values.config.base import ConfigError, choice, free, ranged
+from prime_values.importpath import import_class, split
 
 
 def estimator_class(name: str) -> type[Estimator]:
@@ -25,36 +25,20 @@ def estimator_class(name: str) -> type[Estimator]:
     class is a ConfigError saying which part is wrong and how to fix it."""
     if name in ESTIMATORS:
         return ESTIMATORS[name]
-    module_name, _, class_name = name.rpartition(":" if ":" in name else ".")
-    if not module_name or not class_name:
+    if split(name) is None:
         near = difflib.get_close_matches(name, list(ESTIMATORS), n=1)
         raise ConfigError(f"advantage.estimator={name!r} is not allowed; choose one of {', '.join(ESTIMATORS)}"
                           + (f" (did you mean {near[0]!r}?)" if near else "")
                           + ", or name a class of your own as package.module:Class (docs/extending.md)")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigError(f"advantage.estimator={name!r}: module {module_name!r} does not import ({_line(error)}); "
-                          "install its package or put its directory on PYTHONPATH (the role processes, which "
-                          "inherit the environment, import it too)") from None
-    except Exception as error:  # noqa: BLE001 - the user's module raised while it was imported
-        raise ConfigError(f"advantage.estimator={name!r}: importing module {module_name!r} raised "
-                          f"{type(error).__name__}: {_line(error)}; fix the module") from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        near = difflib.get_close_matches(class_name, [n for n in dir(module) if not n.startswith("_")], n=1)
-        raise ConfigError(f"advantage.estimator={name!r}: module {module_name!r} has no {class_name!r}; "
-                          + (f"did you mean {module_name}:{near[0]}?" if near else "check the class name"))
+        cls = import_class(name, f"advantage.estimator={name!r}")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     missing = missing_members(cls)
     if missing:
         raise ConfigError(f"advantage.estimator={name!r} is not an estimator class (it lacks {', '.join(missing)}); "
                           "subclass prime_values.algo.estimators.Estimator (docs/extending.md)")
     return cls
-
-
-def _line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def uses_critic(name: str) -> bool:

@@ -56,14 +56,15 @@ def entry(role: str) -> RoleEntry:
 
 
 def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int = 1, gpus: int | None = None,
-                  first_gpu: int = 0, nodes: list[int] | None = None):
+                  first_gpu: int = 0, nodes: list[int] | None = None, launch=None):
     """A submitit executor for role `name`: a local subprocess, or an sbatch job (launcher=slurm) that asks for
     one GPU when the role's device is a GPU. `tasks` > 1 (a multi-process trainer): that many tasks of one job
     (one node), each with its own GPU on a GPU device (locally the `tasks` GPUs from `device` on). `gpus`: the
     job's GPUs when not one per task (a tensor-parallel inference worker: one task, topology.inference_tp GPUs).
     `first_gpu`: inside a pipeline's allocation, where the role's GPUs start among the allocation's
     (`slurm.gpu_offsets`: every GPU role its own), and `nodes` the role's nodes of it (`slurm.role_nodes`): over
-    several, one srun task per process (`slurm.step_command`)."""
+    several, one srun task per process (`slurm.step_command`). `launch`: a local run's LocalLaunch (its jobs fork
+    from its fork server)."""
     gpus = (tasks if gpus is None else gpus) if device.startswith("cuda") else 0
     if launcher.name == "slurm":
         from prime_values.launch.slurm import in_allocation, make_slurm_executor, step_command
@@ -86,7 +87,7 @@ def make_executor(launcher, jobs_dir: Path, name: str, device: str, tasks: int =
             cpus_per_task=launcher.cpus_per_task, mem_gb=launcher.mem_gb)
     from prime_values.launch.local import LocalRoleExecutor
 
-    executor = LocalRoleExecutor(folder=jobs_dir / name)
+    executor = LocalRoleExecutor(folder=jobs_dir / name, fork_server=launch.fork_server if launch else None)
     params = {"timeout_min": launcher.timeout_min, "tasks_per_node": tasks}
     if device.startswith("cuda:"):
         first = int(device.split(":")[1])

@@ -30,10 +30,6 @@ from prime_values.launch.controller import _write_json
 
 STEP_RANKS_ENV = "PRIME_VALUES_STEP_RANKS"  # set: each srun task of the step is one rank (launch.controller)
 
-# the run's fork server (prime_values.launch.zygote.ZygoteClient), set by the conductor of a local run: role jobs
-# are forked from it, pre-imported, instead of started as fresh Python processes
-FORK_SERVER = None
-
 _ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL|FATAL)\b")
 _TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[,.]\d+ ")  # logging's asctime
 
@@ -183,10 +179,36 @@ class LocalRoleJob(LocalJob):
         return signal_name(number)
 
 
+class LocalLaunch:
+    """How the jobs of a local run start: forked from the run's fork server (`fork_server`, a
+    prime_values.launch.zygote.ZygoteClient: pre-imported, they skip the imports) or, without one, as fresh Python
+    processes. Whoever starts the fork server makes this object, hands it to whatever submits jobs (the supervisor,
+    the stage jobs) and closes it."""
+
+    def __init__(self, fork_server=None):
+        self.fork_server = fork_server
+
+    def wait_ready(self) -> None:
+        """Wait for the fork server to be ready before the first job (its imports take what one job's would)."""
+        if self.fork_server is not None and not self.fork_server.ready(wait_s=120):
+            print("prime_values: the fork server did not start; jobs start as fresh processes", flush=True)
+
+    def close(self) -> None:
+        """Stop the fork server (jobs submitted afterwards start as fresh processes)."""
+        server, self.fork_server = self.fork_server, None
+        if server is not None:
+            server.close()
+
+
 class LocalRoleExecutor(submitit.LocalExecutor):
-    """submitit's LocalExecutor, whose jobs run under prime_values.launch.controller."""
+    """submitit's LocalExecutor, whose jobs run under prime_values.launch.controller, forked from `fork_server` when
+    one is given."""
 
     job_class = LocalRoleJob
+
+    def __init__(self, folder, fork_server=None, **kwargs):
+        super().__init__(folder, **kwargs)
+        self.fork_server = fork_server
 
     def _submit_command(self, command: str) -> LocalRoleJob:
         ntasks = self.parameters.get("tasks_per_node", 1)
@@ -216,8 +238,8 @@ class LocalRoleExecutor(submitit.LocalExecutor):
             # the job id is the pid of this shell, which becomes srun: the controller on the node learns it here
             cmd = f"export PRIME_VALUES_JOB_ID=$$; exec {inner}"
         oom = oom_kills()
-        process = None if self.parameters.get("setup") or prefix or FORK_SERVER is None else \
-            FORK_SERVER.start(self.folder, env)
+        process = None if self.parameters.get("setup") or prefix or self.fork_server is None else \
+            self.fork_server.start(self.folder, env)
         if process is None:  # no fork server (or it is not ready, or gone): a fresh Python process
             process = subprocess.Popen(cmd, shell=isinstance(cmd, str), env=env, start_new_session=bool(prefix))
         job = LocalRoleJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))

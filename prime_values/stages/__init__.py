@@ -21,14 +21,23 @@ import sys
 from omegaconf import OmegaConf
 
 from prime_values.budget import BudgetError, check_run_budget
-from prime_values.conductor import conduct, stop_fork_server, wants_fork_server
+from prime_values.conductor import conduct, wants_fork_server
 from prime_values.config import STAGES, ConfigError, plan, prepare, validate
 from prime_values.gguf import GGUFError, is_gguf, prepare as convert_gguf
-from prime_values.launch import local
+from prime_values.launch.local import LocalLaunch
 from prime_values.launch.zygote import ZygoteClient
 from prime_values.rundir import RunDir
 from prime_values.stages import evaluate, sft
-from prime_values.stages.common import MODEL_STAGES, StageFailed, mark_done, read_done, run_stage_job
+from prime_values.stages.common import (
+    MODEL_STAGES,
+    StageFailed,
+    StageInterrupted,
+    StageStopped,
+    mark_done,
+    read_done,
+    run_stage_job,
+)
+from prime_values.supervisor import Ending, Outcome
 
 __all__ = ["STAGES", "plan", "run_stages"]
 
@@ -94,29 +103,35 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
-def run_stages(cfg) -> dict:
-    """Run the stages of `cfg` in Hydra's output directory; returns each stage's done record."""
+def run_stages(cfg) -> Outcome:
+    """Run the stages of `cfg` in Hydra's output directory. The outcome's result holds each stage's done record;
+    a failed stage (its cause printed) ends the pipeline there."""
     from hydra.core.hydra_config import HydraConfig
 
     try:
         validate(cfg)  # again here: multirun points come through here with their own values
     except ConfigError as error:
-        print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        return _bad_config(error)
     run = RunDir(HydraConfig.get().runtime.output_dir)
     # stage jobs (sft, eval) and the rl stage's roles fork from one fork server, started before the model is
     # prepared so its imports overlap the conversion and the token-budget check
-    fork_server = ZygoteClient(run.root) if plan(cfg) != ["rl"] and wants_fork_server(cfg) else None
-    if fork_server is not None:
-        local.FORK_SERVER = fork_server
+    launch = LocalLaunch(ZygoteClient(run.root) if plan(cfg) != ["rl"] and wants_fork_server(cfg) else None)
     try:
-        return _run_planned(run, cfg)
+        return _run_planned(run, cfg, launch)
     finally:
-        stop_fork_server(fork_server)
+        launch.close()
 
 
-def _run_planned(run: RunDir, cfg) -> dict:
-    _prepare_model(cfg)
+def _bad_config(error: Exception) -> Outcome:
+    print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
+    return Outcome(Ending.BAD_CONFIG, str(error))
+
+
+def _run_planned(run: RunDir, cfg, launch: LocalLaunch) -> Outcome:
+    try:
+        _prepare_model(cfg)
+    except (GGUFError, BudgetError) as error:
+        return _bad_config(error)
     signal.signal(signal.SIGTERM, _terminate)
     model, upstream, records = cfg.policy.model, None, {}
     try:
@@ -141,73 +156,79 @@ def _run_planned(run: RunDir, cfg) -> dict:
                     print(f"stage {name}: done earlier with other settings ({', '.join(_changed(old, key))}), "
                           "redoing", flush=True)
             if record is None:
-                record = RUNNERS[name](run, cfg, model, upstream, key)
-                if record.get("status") == "detached":
-                    return {name: record}  # launcher.detach: the conductor job runs the rl stage (the only one)
+                outcome = RUNNERS[name](run, cfg, model, upstream, key, launch)
+                if outcome.ending is Ending.DETACHED:  # launcher.detach: a conductor job runs the rl stage
+                    return Outcome(Ending.DETACHED, result={name: outcome.result})
+                if outcome.failed:  # the rl stage: the conductor printed its cause
+                    return Outcome(outcome.ending, outcome.cause, records)
+                record = outcome.result
             records[name] = record
             if name in MODEL_STAGES:
                 model, upstream = record["model"], f"{name}@{record['finished_at']}"
     except StageFailed as error:
         print(f"prime_values: {error}", file=sys.stderr, flush=True)
-        sys.exit(1)
+        return Outcome(Ending.INTERRUPTED if isinstance(error, StageInterrupted) else Ending.FAILED, str(error),
+                       records)
+    except StageStopped as stop:
+        print(f"prime_values: {stop}", flush=True)
+        return Outcome(Ending.STOPPED, str(stop), records)
     if len(plan(cfg)) > 1 or plan(cfg) != ["rl"]:
         print("stages: " + "; ".join(f"{n} done" for n in records), flush=True)
-    return records
+    return Outcome(Ending.FINISHED, result=records)
 
 
 def _prepare_model(cfg) -> None:
     """Before any job starts: a GGUF policy.model becomes its converted from_pretrained directory (converted once
     into policy.cache_dir, prime_values.gguf), so every stage and role, and `${policy.model}` wherever the config
     interpolates it, see a plain directory; and a local model's token budgets are checked against its tokenizer
-    and the task's prompts (prime_values.budget). Bad input exits with one line."""
-    try:
-        if is_gguf(cfg.policy.model):
-            cfg.policy.model = convert_gguf(cfg.policy.model, cfg.policy.cache_dir)
-            print(f"policy.model: {cfg.policy.model}", flush=True)
-        budget = check_run_budget(cfg)
-    except (GGUFError, BudgetError) as error:
-        print(f"prime_values: config error: {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    and the task's prompts (prime_values.budget). Bad input raises GGUFError or BudgetError (one line)."""
+    if is_gguf(cfg.policy.model):
+        cfg.policy.model = convert_gguf(cfg.policy.model, cfg.policy.cache_dir)
+        print(f"policy.model: {cfg.policy.model}", flush=True)
+    budget = check_run_budget(cfg)
     if budget is not None:
         print(f"token budget: longest prompt {budget['longest_prompt']}, privileged block {budget['longest_block']}, "
               f"prompt + block + inference.max_new_tokens = {budget['full_trace']} (critic.max_length="
               f"{cfg.critic.max_length})", flush=True)
 
 
-def _run_sft(run, cfg, model, upstream, key) -> dict:
+def _run_sft(run, cfg, model, upstream, key, launch) -> Outcome:
     stage_cfg = prepare(cfg)  # as the conductor prepares the rl stage's config
     stage_cfg.policy.model = model
     print(f"stage sft: fine-tuning {model} -> {run.root}/stages/sft/model", flush=True)
-    result = run_stage_job(run, stage_cfg, "sft", sft.main, stage_cfg.topology.policy_trainer_device)
+    result = run_stage_job(run, stage_cfg, "sft", sft.main, stage_cfg.topology.policy_trainer_device, launch)
     record = mark_done(run, "sft", {"key": key, "model": result["model"], "figures": result["figures"]})
     print(f"stage sft: finished ({describe(record)})", flush=True)
-    return record
+    return Outcome(Ending.FINISHED, result=record)
 
 
-def _run_rl(run, cfg, model, upstream, key) -> dict:
+def _run_rl(run, cfg, model, upstream, key, launch) -> Outcome:
     rl_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     rl_cfg.policy.model = model
     if upstream is not None:
         rl_cfg.policy.warm_start.steps = 0  # the stage before already fine-tuned it
         print(f"stage rl: starts from {model} ({upstream.split('@')[0]} stage; policy.warm_start.steps=0)", flush=True)
-    summary = conduct(rl_cfg)
-    if summary.get("status") == "detached":
-        return summary  # the conductor job runs it; a rerun after it finished marks the stage done
+    outcome = conduct(rl_cfg, launch)
+    if outcome.ending is Ending.DETACHED or outcome.failed:
+        return outcome  # detached: the conductor job runs it; a rerun after it finished marks the stage done
+    summary = outcome.result
     figures = {k: summary.get(k) for k in ("policy_steps", "warm_start_accuracy", "first_rl_step_accuracy",
                                            "final_accuracy", "final_reward_mean", "final_explained_variance",
                                            "critic_version", "wall_s")}
     record = mark_done(run, "rl", {"key": key, "model": summary["policy_weights"], "figures": figures,
                                    "summary": str(run.report / "summary.json")})
-    return record
+    return Outcome(Ending.FINISHED, result=record)
 
 
-def _run_eval(run, cfg, model, upstream, key) -> dict:
+def _run_eval(run, cfg, model, upstream, key, launch) -> Outcome:
     stage_cfg = prepare(cfg)  # as the conductor prepares the rl stage's config
     stage_cfg.policy.model = model
-    results = run_stage_job(run, stage_cfg, "eval", evaluate.main, stage_cfg.topology.inference_device)
+    results = run_stage_job(run, stage_cfg, "eval", evaluate.main, stage_cfg.topology.inference_device, launch)
     print(evaluate.format_table(results), flush=True)
     path = run.root / "stages" / "eval" / "results.json"
-    return mark_done(run, "eval", {"key": key, "model": model, "figures": results["metrics"], "results": str(path)})
+    return Outcome(Ending.FINISHED, result=mark_done(run, "eval", {"key": key, "model": model,
+                                                                    "figures": results["metrics"],
+                                                                    "results": str(path)}))
 
 
 RUNNERS = {"sft": _run_sft, "rl": _run_rl, "eval": _run_eval}

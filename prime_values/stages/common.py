@@ -1,5 +1,5 @@
 """What the stage jobs share: where a stage lives in the run directory, its done marker, its job context, and the
-conductor-side submit-and-wait of one stage job.
+conductor-side submit-and-wait of one stage job (submitted, watched and stopped by the supervisor, as a role is).
 
 A stage lives in `<run>/stages/<name>/`: `config.yaml` (the resolved config its job reads), its outputs, and
 `done.json`, written atomically and last, when the stage finished. `rl` keeps its outputs where a run has always
@@ -14,24 +14,32 @@ import gc
 import json
 import logging
 import os
-import sys
 import time
 import zlib
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from prime_values.conductor import wait_for_fork_server
-from prime_values.launch import job_device, kill_tree, local, make_executor, solo_threads
+from prime_values.launch import job_device, solo_threads
+from prime_values.launch.local import LocalLaunch
 from prime_values.monitor import MetricsTail, MetricsWriter
-from prime_values.rundir import RunDir, write_atomic
-from prime_values.supervisor import exit_cause
+from prime_values.rundir import RunDir, StopReason, write_atomic
+from prime_values.supervisor import StopRequested, Supervisor, exit_cause
 
 MODEL_STAGES = ("sft", "rl")  # stages whose output is a model the next stage starts from
 
 
 class StageFailed(RuntimeError):
     pass
+
+
+class StageInterrupted(StageFailed):
+    """Ctrl-C or SIGTERM while a stage job ran: the job was asked to stop, then cancelled."""
+
+
+class StageStopped(Exception):
+    """A stop was asked for through the run's stop file: inside a stage job, the job ends without a result; in the
+    conductor, the stage ended that way."""
 
 
 def stage_dir(run: RunDir, name: str) -> Path:
@@ -86,9 +94,9 @@ class StageContext:
         return zlib.crc32(repr((self.cfg.seed, self.name, salt)).encode()) % (2**31)
 
     def stopping(self) -> bool:
-        """The conductor asks a stage job to stop through `stages/<name>/STOP`; a local job also stops when its
-        conductor is gone."""
-        return (self.dir / "STOP").exists() or not self.run.conductor_alive()
+        """The conductor asks a stage job to stop through the run's stop file (`control/STOP`, as it asks the
+        roles); a local job also stops when its conductor is gone."""
+        return self.run.stop_requested() or not self.run.conductor_alive()
 
 
 def _progress_line(name: str, record: dict, started: float) -> str:
@@ -97,44 +105,47 @@ def _progress_line(name: str, record: dict, started: float) -> str:
     return f"[{time.time() - started:6.0f}s] stage {name}: " + (", ".join(parts) or "starting")
 
 
-def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
-    """Submit `function(run_dir)` as the stage's job (local subprocess or sbatch, as launcher says), show its
-    progress, and return what it returned. A failure raises StageFailed with its cause, read at once from the
-    job's exit state as the conductor reads a role's (`supervisor.exit_cause`: 'exit code 1: <the error line>',
-    'killed by signal 9', 'timeout'); Ctrl-C / SIGTERM asks the job to stop, then cancels it."""
+def run_stage_job(run: RunDir, cfg, name: str, function, device: str, launch: LocalLaunch | None = None) -> object:
+    """Submit `function(run_dir)` as the stage's job (local subprocess or sbatch, as launcher says; forked from
+    `launch`'s fork server when it has one), show its progress, and return what it returned. A failure raises
+    StageFailed with its cause, read at once from the job's exit state as the conductor reads a role's
+    (`supervisor.exit_cause`: 'exit code 1: <the error line>', 'killed by signal 9', 'timeout'). The supervisor
+    submits the job and stops it as it stops roles (`Supervisor.stop`: the stop file, a grace period, cancel, kill):
+    on Ctrl-C / SIGTERM, raising StageInterrupted, and on a stop asked for through the run's stop file
+    (`prime_values.tools.status --stop`), raising StageStopped. A stage job is never restarted."""
     folder = stage_dir(run, name)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "STOP").unlink(missing_ok=True)
+    run.stop_file.unlink(missing_ok=True)  # one left from before (the rl stage's end writes one) is not for this job
     write_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg))
     for path in (run.jobs, run.root / "metrics"):  # not run.mkdirs(): a stage alone leaves no empty log/, weights/
         path.mkdir(parents=True, exist_ok=True)
     run.register_conductor(watch=cfg.launcher.name == "local")
-    if cfg.launcher.name == "local" and local.FORK_SERVER is not None:
-        wait_for_fork_server(local.FORK_SERVER)  # the stages' fork server (run_stages): ready, the job skips imports
-    job = make_executor(cfg.launcher, run.jobs, name, device).submit(function, str(run.root))
+    if cfg.launcher.name == "local" and launch is not None:
+        launch.wait_ready()  # the stages' fork server (run_stages): ready, the job skips imports
+    fleet = Supervisor(run, cfg, launch)
+    job = fleet.submit(name, name, device, function=function).job
     tail, started, last_print, shown = MetricsTail(run.metrics(name)), time.time(), 0.0, {}
     tail.read()  # only this attempt's lines
     tail.last = {}
     try:
         while not (end := exit_cause(job))[0]:
+            if run.stop_requested():
+                raise StopRequested(f"stop requested through {run.stop_file}")
             tail.read()
             if time.time() - last_print >= 10:
                 print(_progress_line(name, tail.last, started), flush=True)
                 last_print, shown = time.time(), dict(tail.last)
             time.sleep(cfg.launcher.poll_s)
     except KeyboardInterrupt:
-        write_atomic(folder / "STOP", "interrupted\n")
-        deadline = time.time() + cfg.launcher.stop_grace_s
-        while not job.done() and time.time() < deadline:
-            time.sleep(0.2)
-        if not job.done():
-            job.cancel()
-            if cfg.launcher.name == "local":
-                time.sleep(2)
-                if not job.done():
-                    kill_tree(job)
-        raise StageFailed(f"stage {name} interrupted by the user") from None
+        fleet.stop(StopReason.INTERRUPTED, cfg.launcher.stop_grace_s)
+        raise StageInterrupted(f"stage {name} interrupted by the user") from None
+    except StopRequested as stop:
+        fleet.stop(StopReason.STOPPED, cfg.launcher.stop_grace_s)
+        raise StageStopped(f"stage {name} stopped: {stop}") from None
     cause = end[1]  # read from the job's exit state, never submitit's exception(): a killed job waits 15 s there
+    if cause is not None and run.stop_requested():  # it ended on the stop asked for since the last look
+        fleet.stop(StopReason.STOPPED, cfg.launcher.stop_grace_s)
+        raise StageStopped(f"stage {name} stopped: stop requested through {run.stop_file}")
     if cause is not None:
         raise StageFailed(f"stage {name} failed: {cause} (full log: {job.paths.stderr})")
     tail.read()
@@ -143,8 +154,3 @@ def run_stage_job(run: RunDir, cfg, name: str, function, device: str) -> object:
     result = job.result()
     write_atomic(run.state(name) / "done", json.dumps({"stage": name}))  # `prime_values.tools.status` shows COMPLETED
     return result
-
-
-def fail(message: str) -> None:
-    print(f"prime_values: {message}", file=sys.stderr, flush=True)
-    sys.exit(1)

@@ -19,7 +19,7 @@ from math import comb
 
 from prime_values.rollout import sample_and_score
 from prime_values.rundir import write_atomic
-from prime_values.stages.common import StageContext
+from prime_values.stages.common import StageContext, StageStopped
 from prime_values.tasks import make_task
 
 
@@ -77,7 +77,7 @@ def main(run_dir: str) -> dict:
             ctx.metrics.log(prompts_done=len(correct), prompts=len(problems),
                             running_avg=sum(correct) / (len(correct) * ev.samples))
             if ctx.stopping():
-                raise SystemExit(f"eval stopped after {len(correct)} prompts: the run was stopped")
+                raise StageStopped(f"eval stopped after {len(correct)} prompts: the run was stopped")
         results = {
             "model": cfg.policy.model,
             "task": cfg.task.name,

@@ -26,7 +26,7 @@ from pathlib import Path
 from prime_values.log import LogReader, to_rows
 from prime_values.rollout import greedy_accuracy
 from prime_values.rundir import RunDir
-from prime_values.stages.common import StageContext
+from prime_values.stages.common import StageContext, StageStopped
 from prime_values.tasks import make_task
 from prime_values.tasks.math import _LOCAL_BUILDERS, MathDataError, parse_row, resolve_source
 
@@ -175,7 +175,7 @@ def train(ctx: StageContext, model, tokenizer, task, examples: Examples) -> dict
         if log:
             ctx.metrics.log(**last)
         if ctx.stopping():
-            raise SystemExit(f"sft stopped at step {step}: the run was stopped")
+            raise StageStopped(f"sft stopped at step {step}: the run was stopped")
 
     last: dict = {"sft_step": 0}
     accuracy = validation_accuracy(model, tokenizer, task, ctx.seed(), sft.val_size, cfg.inference.max_new_tokens) \

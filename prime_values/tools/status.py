@@ -16,7 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from prime_values.rundir import RunDir, process_alive
+from prime_values.rundir import RunDir, StopReason, process_alive
 from prime_values.tools.live import LiveView
 
 
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE + "  (a directory holding config.yaml)", file=sys.stderr)
         return 2
     if stop:  # the conductor (attached or a detached conductor job) sees it, stops every role, writes the summary
-        RunDir(argv[0]).request_stop("stop requested by the user (prime_values.tools.status --stop)")
+        RunDir(argv[0]).request_stop(StopReason.USER)
         print(f"stop requested: {RunDir(argv[0]).stop_file}")
     print(status(argv[0]))
     return 0
