@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from prime_values.launch import folder_processes
-from prime_values.rundir import RunDir
+from prime_values.rundir import RunDir, StopReason
 
 ROLES = ("inference0", "evaluator", "orchestrator", "policy_trainer", "value_trainer")
 
@@ -173,7 +173,8 @@ def chaos(run_dir: Path, overrides: list[str], kills: int, min_gap_s: float = 4.
             target = policy_step(run_dir) + stop_after_steps  # every role resumed and the run still progresses
             while conductor.poll() is None and policy_step(run_dir) < target and time.time() - began < timeout_s:
                 time.sleep(0.2)
-            RunDir(run_dir).request_stop(f"chaos: {len(done)} kills done, {stop_after_steps} policy steps after")
+            RunDir(run_dir).request_stop(StopReason.USER,
+                                         f"chaos: {len(done)} kills done, {stop_after_steps} policy steps after")
         output, _ = conductor.communicate(timeout=max(timeout_s - (time.time() - began), 60))
         run_wall_s = time.time() - began
     finally:
