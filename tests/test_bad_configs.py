@@ -205,6 +205,14 @@ OTHER_TASKS = [
      "task.max_turns", "raise policy.arch.max_position_embeddings"),
     ("guess", ["critic.max_length=30"], "critic.max_length=30", "raise critic.max_length"),
     ("guess", ["inference=vllm"], "task=guess", "use inference=hf"),
+    ("tools", ["task.kinds='calc,cook'"], "task.kinds", "calc,look,both,none"),
+    ("tools", ["task.kinds=both", "task.max_turns=2"], "task.max_turns=2", "take up to 3 turns"),
+    ("tools", ["task.calc_digits=5"], "task.calc_digits=5", "2..task.max_arg_digits (4)"),
+    ("tools", ["task.max_call_chars=10"], "task.max_call_chars=10", "must be in 15..256"),
+    ("tools", ["task.num_keys=0"], "task.num_keys=0", "must be in 1..10000"),
+    ("tools", ["inference.max_new_tokens=8"], "inference.max_new_tokens=8", "raise it above 11"),
+    ("tools", ["task.max_turns=32"], "task.max_turns", "raise policy.arch.max_position_embeddings"),
+    ("tools", ["critic.max_length=100"], "critic.max_length=100", "raise critic.max_length"),
 ]
 
 
@@ -217,7 +225,7 @@ def test_other_task_rules_fail_before_launch_in_one_line(experiment, overrides, 
 
 
 def test_every_experiment_is_valid_on_its_own():
-    for experiment in ("arith", "arith_work", "arith_chain", "arith_mix", "guess", "reverse_text", "smollm"):
+    for experiment in ("arith", "arith_work", "arith_chain", "arith_mix", "guess", "tools", "reverse_text", "smollm"):
         assert precheck([f"+experiment={experiment}"]) is None, experiment
 
 

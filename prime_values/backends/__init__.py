@@ -27,7 +27,7 @@ import logging
 
 BACKENDS = ("hf", "vllm", "auto")
 
-TURN_TASKS = ("verifiers", "guess")
+TURN_TASKS = ("verifiers", "guess", "tools")
 """the tasks that drive their own turns (`task.rollout`) through the transformers model: hf only"""
 
 INSTALL_HINT = {

@@ -21,7 +21,7 @@ from prime_values.tasks.reasoning_gym import (
     check_settings as check_gym_settings,
 )
 
-TASK_NAMES = ("arith", "guess", "reverse_text", "math", "reasoning_gym", "verifiers", CUSTOM)
+TASK_NAMES = ("arith", "guess", "tools", "reverse_text", "math", "reasoning_gym", "verifiers", CUSTOM)
 
 
 @dataclass
@@ -30,7 +30,8 @@ class TaskConfig:
 
     name: str = choice("arith", *TASK_NAMES)
     """task: 'arith' (procedural arithmetic, verified exactly), 'guess' (a multi-turn game against a hidden secret
-    number, the critic's privileged context), 'reverse_text' (reverse a generated string, partial
+    number, the critic's privileged context), 'tools' (a multi-turn task whose policy calls a calculator and a
+    lookup table before it answers), 'reverse_text' (reverse a generated string, partial
     credit), 'math' (GSM8K/MATH-style data, math-verify), 'reasoning_gym' (problems a reasoning-gym generator
     makes offline, final answer checked by math-verify), 'verifiers' (an environment of the `verifiers` package) or
     'custom' (a task class of your own, task.target=package.module:Class: docs/extending.md); chosen with the group
@@ -312,9 +313,64 @@ class CustomTaskConfig(TaskConfig):
             TaskConfig.check_build(cfg)
 
 
+@dataclass
+class ToolsTaskConfig(TaskConfig):
+    """Answer a question by calling tools over several turns (a calculator, a lookup in a generated table), the
+    environment replying to each call; the privileged context is the answer (prime_values/tasks/tools.py)."""
+
+    name: str = choice("tools", *TASK_NAMES)
+    kinds: str = free("calc,look,both,none", "distinct names of calc, look, both, none: prime_values/tasks/tools.py "
+                      "check_settings")
+    """tools: the problem kinds drawn (uniformly), comma-separated: 'calc' (a product for the calculator, '37*48?'),
+    'look' (a key's value, 'k7?'), 'both' (a key's value times a number, 'k7*13?') and 'none' (a one-digit product,
+    '7*8?', answered without a tool)"""
+    num_keys: int = free(500, "1..10000: prime_values/tasks/tools.py check_settings")
+    """tools: keys k0..k<num_keys-1> of the lookup table, each with a two-digit value drawn from task.seed (too many
+    to learn by heart: a policy has to call look)"""
+    calc_digits: int = free(2, "2..max_arg_digits: prime_values/tasks/tools.py check_settings")
+    """tools: digits of each operand of a 'calc' problem and of the multiplier of a 'both' problem"""
+    max_arg_digits: int = free(4, "2..9: prime_values/tasks/tools.py check_settings")
+    """tools: the most digits of a calculator operand (and twice that of an answer) a call may write; more is
+    '=error: bad arguments'"""
+    max_call_chars: int = free(24, "7 + 2 * max_arg_digits..256: prime_values/tasks/tools.py check_settings")
+    """tools: the longest call read, in characters; a longer one (or a turn cut at inference.max_new_tokens) is
+    '=error: too long', never parsed"""
+    max_turns: int = free(4, "the turns the kinds need (both: 3)..32: prime_values/tasks/tools.py check_settings")
+    """tools: policy turns per episode (calls and the answer); the episode ends at the answer (reward 1 iff right)
+    or after max_turns turns (reward 0)"""
+    privileged_fact: bool = False
+    """tools: the critic sees the looked-up fact after the answer ('689;k7=53'), not only the answer"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        TaskConfig.check_build(cfg)  # ToolsTask's rules (check_settings)
+        task = make_task(**cfg.task)
+        new = cfg.inference.max_new_tokens
+        if new <= task.max_answer_chars():
+            raise ConfigError(f"inference.max_new_tokens={new} cannot hold the longest call of task=tools "
+                              f"({task.max_answer_chars()} characters) and its eos; raise it above "
+                              f"{task.max_answer_chars()}")
+        if str(cfg.policy.model) != "tiny":
+            return
+        longest = task.max_trace_chars(new)
+        positions = cfg.policy.arch.max_position_embeddings
+        if longest > positions:
+            raise ConfigError(f"task=tools: an episode of task.max_turns={task.max_turns} turns of "
+                              f"inference.max_new_tokens={new} takes up to {longest} tokens, more than "
+                              f"policy.arch.max_position_embeddings={positions}; lower task.max_turns or raise "
+                              "policy.arch.max_position_embeddings")
+        privileged = "9" * task.max_privileged_chars()
+        critic_longest = longest + len(cfg.critic.template.format(privileged=privileged))
+        if cfg.critic.max_length < critic_longest:
+            raise ConfigError(f"task=tools: the critic's input (a whole episode and the answer) takes up to "
+                              f"{critic_longest} tokens, more than critic.max_length={cfg.critic.max_length}; "
+                              "raise critic.max_length")
+
+
 TASK_CONFIGS: dict[str, type[TaskConfig]] = {
-    "arith": ArithTaskConfig, "guess": GuessTaskConfig, "reverse_text": ReverseTextTaskConfig, "math": MathTaskConfig,
-    "reasoning_gym": ReasoningGymTaskConfig, "verifiers": VerifiersTaskConfig, CUSTOM: CustomTaskConfig}
+    "arith": ArithTaskConfig, "guess": GuessTaskConfig, "tools": ToolsTaskConfig, "reverse_text": ReverseTextTaskConfig,
+    "math": MathTaskConfig, "reasoning_gym": ReasoningGymTaskConfig, "verifiers": VerifiersTaskConfig,
+    CUSTOM: CustomTaskConfig}
 assert tuple(TASK_CONFIGS) == TASK_NAMES
 
 

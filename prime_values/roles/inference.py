@@ -34,6 +34,10 @@ def env_rows(problems, rollouts, policy_version: int, shard: str, chunk: int) ->
     rows, now = [], time.time()
     for k, r in enumerate(rollouts):
         problem = problems[r.prompt_index]
+        meta = {"prompt": problem.prompt, "answer": problem.answer, "response": r.text, "turns": r.turns,
+                "rewards": r.rewards, "error": r.error}
+        if getattr(r, "calls", None) is not None:  # a tool-calling episode (tasks/tools.py): its calls, per turn
+            meta["calls"] = r.calls
         rows.append({
             "rollout_id": f"{shard}-{chunk:06d}-{k:04d}",
             "prompt_id": problem.prompt_id,
@@ -46,8 +50,7 @@ def env_rows(problems, rollouts, policy_version: int, shard: str, chunk: int) ->
             "reward": float(r.reward),
             "stop_reason": r.stop_reason,
             "privileged": problem.privileged,
-            "task": json.dumps({"prompt": problem.prompt, "answer": problem.answer, "response": r.text,
-                                "turns": r.turns, "rewards": r.rewards, "error": r.error}),
+            "task": json.dumps(meta),
             "created_at": now,
         })
     return rows

@@ -16,16 +16,17 @@ each process; a misspelt module, class or keyword is one ValueError naming the `
 
 from __future__ import annotations
 
-import difflib
-import importlib
 import inspect
 from typing import Any, Callable
+
+from prime_values.importpath import first_line, import_class, split
 
 from .arith import ArithTask, Problem
 from .guess import GuessTask
 from .math import MathTask
 from .reasoning_gym import ReasoningGymTask
 from .reverse_text import ReverseTextTask
+from .tools import ToolsTask
 
 
 def _reasoning_gym_task(**kwargs):
@@ -75,24 +76,10 @@ def user_task_class(target: str) -> type:
                          "(docs/extending.md, \"A task\")")
     if target in TASKS:
         raise ValueError(f"{key} is a built-in task; choose it with task={target} instead of task={CUSTOM}")
-    module_name, _, class_name = target.rpartition(":" if ":" in target else ".")
-    if not module_name or not class_name:
+    if split(target) is None:
         raise ValueError(f"{key} is not an import path; name your task class as package.module:Class "
                          "(docs/extending.md, \"A task\")")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"{key}: module {module_name!r} does not import ({_line(error)}); install its package or "
-                         "put its directory on PYTHONPATH (the role processes, which inherit the environment, "
-                         "import it too)") from None
-    except Exception as error:  # noqa: BLE001 - any failure to import the user's module is a config error
-        raise ValueError(f"{key}: importing module {module_name!r} raised {type(error).__name__}: {_line(error)}; "
-                         "fix the module") from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        near = difflib.get_close_matches(class_name, [n for n in dir(module) if not n.startswith("_")], n=1)
-        raise ValueError(f"{key}: module {module_name!r} has no {class_name!r}; "
-                         + (f"did you mean {module_name}:{near[0]}?" if near else "check the class name"))
+    cls = import_class(target, key)
     if not isinstance(cls, type):
         raise ValueError(f"{key} is a {type(cls).__name__}, not a class; name the task's class "
                          "(docs/extending.md, \"A task\")")
@@ -101,11 +88,6 @@ def user_task_class(target: str) -> type:
         raise ValueError(f"{key} is not a task class: it lacks {', '.join(missing)}; add "
                          f"{'it' if len(missing) == 1 else 'them'} (docs/extending.md, \"A task\")")
     return cls
-
-
-def _line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def user_task_arguments(cls: type, target: str, args: Any, heldout_size: int, seed: int) -> dict:
@@ -146,12 +128,13 @@ def user_task(target: str = "", args: Any = None, heldout_size: int = 200, seed:
         raise
     except Exception as error:
         raise ValueError(f"task.target={target}: building it with {kwargs} raised {type(error).__name__}: "
-                         f"{_line(error)}; fix the class or task.args") from error
+                         f"{first_line(error)}; fix the class or task.args") from error
 
 
 TASKS: dict[str, Callable[..., object]] = {
     "arith": ArithTask,
     "guess": GuessTask,
+    "tools": ToolsTask,
     "reverse_text": ReverseTextTask,
     "math": MathTask,
     "reasoning_gym": _reasoning_gym_task,
@@ -174,5 +157,5 @@ def make_task(name: str, **kwargs):
     return factory(**kwargs)
 
 
-__all__ = ["ArithTask", "CUSTOM", "GuessTask", "MathTask", "Problem", "ReverseTextTask", "TASKS", "make_task",
-           "user_task_class"]
+__all__ = ["ArithTask", "CUSTOM", "GuessTask", "MathTask", "Problem", "ReverseTextTask", "TASKS", "ToolsTask",
+           "make_task", "user_task_class"]

@@ -30,11 +30,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import random
-from dataclasses import dataclass, field
-
-from prime_values.rollout import EnvRollout
+from dataclasses import dataclass
 
 from .arith import Problem
+from .turns import TurnTask
 
 FEEDBACKS = ("interval", "direction")
 _MAX_REPLY_CHARS = 8  # a guess longer than this is not read (a hostile reply costs O(1))
@@ -73,6 +72,7 @@ class Game:
     n: int
     secret: int
     feedback: str
+    max_turns: int = 0  # 0: no limit (the demonstrations and hand-worked tests play on)
     lo: int = 1
     hi: int = 0
     turns: int = 0
@@ -80,6 +80,17 @@ class Game:
 
     def __post_init__(self):
         self.hi = self.hi or self.n
+
+    @property
+    def done(self) -> bool:
+        return self.found or bool(self.max_turns and self.turns >= self.max_turns)
+
+    @property
+    def reward(self) -> float:
+        return 1.0 if self.found else 0.0
+
+    def copy(self) -> Game:
+        return copy.copy(self)
 
     def play(self, reply_text: str | None) -> str:
         """One policy turn (its text, or None for a turn cut without eos); returns the environment's reply text
@@ -100,20 +111,7 @@ class Game:
         return f"{self.lo}-{self.hi}?"
 
 
-@dataclass
-class _Episode:
-    prompt_index: int
-    game: Game
-    token_ids: list[int]
-    policy_mask: list[int]
-    logprobs: list[float]
-    replies: list[str] = field(default_factory=list)
-    last_stop: str = "eos"
-    done: bool = False
-    partial: list[int] = field(default_factory=list)  # the tokens of a turn begun before play (continuations)
-
-
-class GuessTask:
+class GuessTask(TurnTask):
     name = "guess"
     multi_turn_capable = True
 
@@ -188,98 +186,10 @@ class GuessTask:
     def score_many(self, problems: list[Problem], texts: list[str]) -> list[float]:
         return [self.score(p, t) for p, t in zip(problems, texts)]
 
-    # ------------------------------------------------------------------ rollouts
-    def rollout(self, model, tokenizer, problems: list[Problem], num_samples: int, max_new_tokens: int,
-                temperature: float, seed: int, batch_size: int | None = None) -> list[EnvRollout]:
-        """``num_samples`` games per problem (grouped by problem), all turns of the live games sampled in one
-        batched decode; ``max_new_tokens`` caps each policy turn, ``temperature <= 0`` decodes greedily."""
-        episodes = []
-        for i, p in enumerate(problems):
-            prompt = tokenizer.encode(p.prompt, add_special_tokens=False)
-            for _ in range(num_samples):
-                episodes.append(_Episode(i, Game(p.meta["n"], p.meta["secret"], self.feedback), list(prompt),
-                                         [0] * len(prompt), [0.0] * len(prompt)))
-        self._play(model, tokenizer, episodes, max_new_tokens, temperature, seed, batch_size)
-        return [self._finished(e) for e in episodes]
-
-    def continuations(self, model, tokenizer, starts: list[tuple[Problem, list[int], list[int]]], num_samples: int,
-                      max_new_tokens: int, temperature: float, seed: int,
-                      batch_size: int | None = None) -> list[list[EnvRollout]]:
-        """``num_samples`` games played on from each state of ``starts``, all in one batched play: a state is
-        ``(problem, token_ids, policy_mask)``, a prefix of a rollout of ``problem`` that ends before a policy token
-        (mid-turn: the turn goes on from its first tokens). What a Monte-Carlo estimate of the policy's value of
-        a state samples (bench/critic_oracle.py)."""
-        episodes = []
-        for k, (problem, token_ids, policy_mask) in enumerate(starts):
-            game, partial = self._replayed(tokenizer, problem, token_ids, policy_mask)
-            episodes += [_Episode(k, copy.copy(game), list(token_ids), list(policy_mask), [0.0] * len(token_ids),
-                                  partial=list(partial)) for _ in range(num_samples)]
-        self._play(model, tokenizer, episodes, max_new_tokens, temperature, seed, batch_size)
-        out: list[list[EnvRollout]] = [[] for _ in starts]
-        for e in episodes:
-            out[e.prompt_index].append(self._finished(e))
-        return out
-
-    def _replayed(self, tokenizer, problem: Problem, token_ids: list[int], policy_mask: list[int]):
-        """The game after a rollout prefix, and the tokens of the turn it is in the middle of."""
-        eos = tokenizer.eos_token_id
-        game, turn = Game(problem.meta["n"], problem.meta["secret"], self.feedback), []
-        for token, m in zip(token_ids, policy_mask):  # the turns played: each ends where the environment replies
-            if m:
-                turn.append(token)
-            elif turn:
-                ended = turn[-1] == eos
-                game.play(tokenizer.decode(turn[:-1], skip_special_tokens=True) if ended else None)
-                turn = []
-        if game.found or game.turns >= self.max_turns or (turn and turn[-1] == eos):
-            raise ValueError("the state is not before a policy token of a game still going: nothing to play")
-        return game, turn
-
-    def _play(self, model, tokenizer, episodes: list[_Episode], max_new_tokens: int, temperature: float,
-              seed: int, batch_size: int | None) -> None:
-        """Play every episode to its end: one batched decode per round of the live episodes' turns."""
-        from prime_values.models.sampling import sample
-
-        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        limit = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        for round_ in range(self.max_turns):
-            live = [e for e in episodes if not e.done]
-            if not live:
-                break
-            groups: dict[int, list[_Episode]] = {}  # by tokens still allowed this turn (a turn begun has fewer)
-            for e in live:
-                groups.setdefault(max_new_tokens - len(e.partial), []).append(e)
-            for allowed, group in groups.items():
-                if allowed <= 0:
-                    completions = [None] * len(group)
-                else:
-                    completions = sample(model, [e.token_ids for e in group], num_samples=1,
-                                         max_new_tokens=allowed, temperature=temperature, eos_id=eos, pad_id=pad,
-                                         seed=seed + 7919 * round_ + allowed, batch_size=batch_size)
-                for e, c in zip(group, completions):
-                    response = list(c.response_ids) if c is not None else []
-                    e.token_ids += response
-                    e.policy_mask += [1] * len(response)
-                    e.logprobs += [float(x) for x in c.logprobs] if c is not None else []
-                    turn, e.partial = e.partial + response, []
-                    ended = bool(turn) and turn[-1] == eos
-                    e.last_stop = "eos" if ended else "length"
-                    text = tokenizer.decode(turn, skip_special_tokens=True)
-                    e.replies.append(text)
-                    reply = e.game.play(text if ended else None)
-                    env = tokenizer.encode(reply, add_special_tokens=False) if reply else []
-                    e.done = e.game.found or e.game.turns >= self.max_turns \
-                        or len(e.token_ids) + len(env) + max_new_tokens > limit
-                    if not e.done:
-                        e.token_ids += env
-                        e.policy_mask += [0] * len(env)
-                        e.logprobs += [0.0] * len(env)
-
-    @staticmethod
-    def _finished(e: _Episode) -> EnvRollout:
-        stop = "length" if e.last_stop == "length" else "env_done" if e.game.turns > 1 else "eos"
-        return EnvRollout(e.prompt_index, e.token_ids, e.policy_mask, e.logprobs, 1.0 if e.game.found else 0.0,
-                          stop, "\n".join(e.replies), turns=e.game.turns)
+    # ------------------------------------------------------------------ rollouts (prime_values/tasks/turns.py)
+    def start(self, problem: Problem) -> Game:
+        """The environment of one game of ``problem``."""
+        return Game(problem.meta["n"], problem.meta["secret"], self.feedback, self.max_turns)
 
     # ------------------------------------------------------------------ sizes
     def max_answer_chars(self) -> int:

@@ -6,7 +6,9 @@ batch step, then every response token with `v` = the critic's value V(prompt + r
 *before* token t (what the evaluator wrote to `log/values`) and `a` = the advantage the orchestrator gave the
 token (`log/batches`). On a terminal the tokens are coloured (one line by value, one by advantage); otherwise
 (a pipe, a file) each token is written `tok[v=0.41 a=-0.12]`. The token that made the value drop the most
-is named. An HTML page of the same rollout goes to `<run_dir>/report/rollout_<id>.html` (or `--html PATH`).
+is named. A tool-calling episode (task=tools) lists its calls, one line per policy turn: the call as written and
+what the environment returned (`call 2      calc(53*13) -> 689`). An HTML page of the same rollout goes to
+`<run_dir>/report/rollout_<id>.html` (or `--html PATH`).
 
 Which rollout:
 - `--rollout ID`: that rollout (`rollout_id` of the log, e.g. `w0-000003-0005`).
@@ -338,6 +340,23 @@ def header_lines(shown: Shown) -> list[str]:
               f"response    {visible(''.join(shown.pieces[start:]))}"]
     if isinstance(task.get("answer"), str):
         lines.append(f"answer      {visible(task['answer'])}")
+    return lines + call_lines(task.get("calls"))
+
+
+def call_lines(calls) -> list[str]:
+    """One line per tool call of a tool-calling episode (the `calls` of its `task` JSON, tasks/tools.py): the turn,
+    the call as written and what the environment returned; nothing for a rollout without calls."""
+    if not isinstance(calls, list):
+        return []
+    lines = []
+    for call in calls[:64]:
+        if not isinstance(call, dict):
+            continue
+        tool, args, result = (str(call.get(k, "")) for k in ("tool", "args", "result"))
+        written = f"{tool}({args})" if tool else f"'{args}'"
+        lines.append(f"call {str(call.get('turn', '?')):<6} {visible(written)} -> {visible(result)}")
+    if len(calls) > 64:
+        lines.append(f"call ...    {len(calls) - 64} more")
     return lines
 
 
