@@ -39,11 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 BASE = ["+experiment=arith", "launcher.poll_s=0.2", "launcher.stop_grace_s=20"]
 # the tests' SMALL overrides (tests/e2e_helpers.py): one-digit sums, a smaller model and a short warm start
-SMOKE = ["task.digits=1", "task.heldout_size=16", "inference.prompts_per_step=4", "inference.group_size=4",
-         "replay.min_rollouts=16", "critic.batch_rollouts=16", "critic.publish_every=1", "policy.arch.hidden_size=64",
-         "policy.arch.num_heads=2",
-         "policy.arch.num_kv_heads=1", "policy.arch.intermediate_size=128", "policy.warm_start.steps=10",
-         "critic.warm_start.steps=5", "critic.warm_start.rollouts=64", "log.plots=false"]
+SMOKE = ["task.digits=1", "task.heldout_size=16", "+debug=small"]  # conf/debug/small.yaml
 ROLE_DEVICES = ("inference", "evaluator", "policy_trainer", "value_trainer")
 
 

@@ -91,14 +91,9 @@ def run_config(run: Path):
 
 def compose(overrides: list[str]):
     """The config `python -m prime_values <overrides>` would run with (Hydra's composition, no run directory)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from prime_values.config import compose as compose_config
 
-    from prime_values.__main__ import CONF_DIR
-    from prime_values.config import register
-
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
+    return compose_config(overrides)
 
 
 # ----------------------------------------------------------------------------------------------- arguments

@@ -89,7 +89,8 @@ def run(label: str, seed: int, overrides: list[str], kernels: str = "native") ->
         import shutil
         shutil.rmtree(run_dir)
     command = [sys.executable, "-m", "prime_values", "+experiment=arith", f"seed={seed}",
-               f"policy.warm_start.seed={seed}", *overrides, f"hydra.run.dir={run_dir}"]
+               f"policy.warm_start.seed={seed}", "policy.warm_start.cache=false", *overrides,
+               f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **KERNELS[kernels]}
     began, cpu = time.time(), os.times()
     subprocess.run(command, cwd=ROOT, check=True, env=env)

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+from omegaconf import OmegaConf
+
+from prime_values.config import CONF_DIR, Config, ConfigError, compose, register, validate
+from prime_values.config.task import unknown_key_hint
 
 # Hydra flags that take a value and are not overrides.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
@@ -54,10 +56,6 @@ def _overrides(argv: list[str]) -> list[str]:
 def _allowed_keys(full_key: str, composed=None) -> list[str]:
     """The keys beside `full_key`: in `composed` (the config without the bad override: its task's keys), else in
     the schema."""
-    from omegaconf import OmegaConf
-
-    from prime_values.config import Config
-
     node = composed if composed is not None else OmegaConf.structured(Config)
     parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
     for part in filter(None, parent.split(".")):
@@ -70,9 +68,6 @@ def explain(error: BaseException, composed=None) -> str:
     config as composed without the override that failed, whose keys are the allowed ones)."""
     from hydra.errors import MissingConfigException
     from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
-
-    from prime_values.config import ConfigError
-    from prime_values.config.task import unknown_key_hint
 
     if isinstance(error, ConfigError):
         return str(error)
@@ -104,16 +99,11 @@ def explain(error: BaseException, composed=None) -> str:
 def precheck(argv: list[str]) -> str | None:
     """Compose and validate the command line; the one-line error, or None when it is good. With `--cfg`
     (print the composed config) the checks of this machine are left out: they belong to the launch."""
-    from hydra import compose, initialize_config_dir
 
-    from prime_values.config import register, validate
-
-    register()
     overrides = []
     try:
         overrides = _overrides(argv)
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=overrides)
+        cfg = compose(overrides)
         environment = not any(a in ("--cfg", "-c") or a.startswith("--cfg=") for a in argv)
         validate(cfg, environment=environment)
     except Exception as error:  # noqa: BLE001 - every config error becomes the one line explain() prints
@@ -124,15 +114,13 @@ def precheck(argv: list[str]) -> str | None:
 def _composed_without(error: BaseException, overrides: list[str]):
     """The config composed without the override an unknown-key error names (its keys are the allowed ones:
     the chosen task's), or None."""
-    from hydra import compose, initialize_config_dir
 
     unknown = re.match(r"Could not override '([^']+)'", str(error))
     if not unknown:
         return None
     rest = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != unknown.group(1)]
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="config", overrides=rest)
+        return compose(rest)
     except Exception:  # noqa: BLE001 - another problem: the schema's keys
         return None
 
@@ -155,7 +143,6 @@ def main() -> None:
 
     import hydra
 
-    from prime_values.config import register
 
     register()
 

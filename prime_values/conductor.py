@@ -36,6 +36,7 @@ from prime_values.tools.report import write_report
 from prime_values.tools.summary import format_summary, summarise
 from prime_values.tools.sweep import after_point
 from prime_values.wandb_sink import start_forwarder
+from prime_values.warm_cache import WarmStartCache
 from prime_values.weights import latest_version
 
 
@@ -188,9 +189,18 @@ def run_roles(run: RunDir, cfg, launch: LocalLaunch | None = None, close_launch:
     sink = start_forwarder(run, cfg)  # forwards metrics/*.jsonl to W&B; a no-op with wandb.mode=disabled
     launch.wait_ready()
     try:
+        cache = WarmStartCache.of(cfg)  # policy.warm_start.cache: an earlier run's version 0, where it is the same
+        if cache is not None and latest_version(run.weights("policy")) is not None:
+            cache = None  # a resumed run keeps its own version 0, and it is not stored under today's key
+        elif cache is not None and cache.restore(run):
+            print(f"prime_values: version 0 from the warm-start cache {cache.entry} (policy.warm_start.cache=false "
+                  f"makes a new one)", flush=True)
+            cache = None
         warm = fleet.submit("warm_start", "warm_start", cfg.topology.policy_trainer_device)
         while fleet.check() is not warm:
             _poll(run, progress, cfg)
+        if cache is not None:
+            cache.store(run)
         fleet.start_roles()
         while (ended := fleet.check()) is None or ended.role != "policy_trainer":
             _poll(run, progress, cfg)

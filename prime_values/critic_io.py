@@ -99,12 +99,28 @@ class Packing:
         return self.unpack(out.logits, ids.shape[1])
 
 
+def reads_images(model) -> bool:
+    """A vision-language policy or critic (models/vision.py, a Qwen2-VL): its forward takes the rows' images."""
+    return getattr(getattr(model, "config", None), "model_type", None) == "qwen2_vl"
+
+
 def rollout_logprobs(model, rows: list[dict], pad_id: int, device: str, temperature: float,
                      pack: bool) -> torch.Tensor:
     """[B, T] log pi(token_t | x_{<t}) of every token of `rows` at `temperature` (algo.losses.token_logprobs: 0 at
     position 0 and beyond each row), the model run on the right-padded rows or, with `pack`, on their packed lines
-    (`Packing`; each row starts with a prompt token, so no row's policy token reads another row's logits)."""
+    (`Packing`; each row starts with a prompt token, so no row's policy token reads another row's logits).
+
+    Rows with images (their `images` column: content hashes) run on the right-padded rows with the images read
+    back from the model's image store and their multimodal positions (models.vision.VisionInputs), the same inputs
+    the sampler had; a vision policy is never packed (the config refuses policy.pack_sequences with it)."""
     ids = padded(rows, "token_ids", torch.long, fill=pad_id).to(device)
+    if reads_images(model):
+        from prime_values.models.vision import VisionInputs, reply_logits
+
+        mask = attention_mask(rows).to(device)
+        images = VisionInputs.of_rows(model, ids, mask, rows)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **images.kwargs).logits.float()
+        return token_logprobs(reply_logits(model.config, logits), ids, temperature)
     packing = Packing.gainful([len(row["token_ids"]) for row in rows]) if pack else None
     if packing is None:
         logits = model(input_ids=ids, attention_mask=attention_mask(rows).to(device), use_cache=False).logits.float()
@@ -116,12 +132,15 @@ def rollout_logprobs(model, rows: list[dict], pad_id: int, device: str, temperat
 
 
 class CriticInputs:
-    """A right-padded critic batch built from rollout rows (dicts with token_ids, policy_mask, privileged)."""
+    """A right-padded critic batch built from rollout rows (dicts with token_ids, policy_mask, privileged, and
+    images for a vision task: the trace keeps its image placeholders, so the critic reads the image at the same
+    place in either layout; `values` hands it the pixels)."""
 
     def __init__(self, rows: list[dict], tokenizer, template: str, privileged: bool, max_length: int,
                  device: str = "cpu", placement: str = "start", pack: bool = False):
         pad_id = self.pad_id = tokenizer.pad_token_id
         self.pack = pack
+        self.rows = rows
         sequences, prefix_lens, self.cut, self.valued_tokens = [], [], [], []
         for row in rows:
             prefix = tokenizer.encode(template.format(privileged=row["privileged"]), add_special_tokens=False) \
@@ -159,9 +178,15 @@ class CriticInputs:
         """[B, T] values in the policy's layout (0 where the policy did not sample the token). `head` is
         critic.loss: with 'bce' the head's logits become probabilities; `head=None` returns the raw output."""
         from prime_values.models import critic_values
+        from prime_values.models.vision import VisionInputs
 
-        packing = Packing.gainful(self.attention_mask.sum(dim=1).tolist()) if self.pack else None
-        if packing is not None:  # the same values from the packed lines (`Packing`), fewer positions computed
+        vision = reads_images(critic)
+        packing = Packing.gainful(self.attention_mask.sum(dim=1).tolist()) if self.pack and not vision else None
+        if vision:  # the rows' images, read back by hash, at their placeholders (models.vision.VisionInputs)
+            self.tokens_computed = self.input_ids.numel()
+            images = VisionInputs.of_rows(critic, self.input_ids, self.attention_mask, self.rows)
+            critic_out = critic_values(critic, self.input_ids, self.attention_mask, **images.kwargs)
+        elif packing is not None:  # the same values from the packed lines (`Packing`), fewer positions computed
             self.tokens_computed = packing.computed
             critic_out = packing.forward(critic, self.input_ids, self.pad_id).squeeze(-1).float()
         else:

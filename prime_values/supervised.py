@@ -4,7 +4,9 @@ start's SFT (roles/warm_start.py) and the `sft` stage (stages/sft.py), stepping 
 
 Token layout: ``prompt_ids = tokenizer.encode(problem.prompt)`` (no special tokens), response =
 ``tokenizer.encode(task.solution(problem)) + [eos]`` (a multi-turn task: every turn of its demonstration, each policy
-turn followed by eos); sequences are right-padded for training.
+turn followed by eos); sequences are right-padded for training. A task whose problems have a picture (``task.image``:
+task=vision) puts its image placeholders before the prompt's characters, the layout its rollouts have
+(models/vision.py), and the batch carries the images so the forward reads their pixels.
 """
 
 from __future__ import annotations
@@ -29,14 +31,25 @@ def demonstration(task, problem) -> list[tuple[str, bool]]:
     return [(task.solution(problem), True)]
 
 
-def sft_batch(tokenizer, task, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sft_batch(tokenizer, task, problems, config=None) -> tuple:
     """Right-padded ``input_ids``, ``attention_mask`` and ``labels``: -100 except on the policy's turns, each turn's
     text + eos (a single-reply task: solution + eos); the environment's replies of a multi-turn demonstration are
-    context, never labels, as they are policy_mask 0 in RL."""
+    context, never labels, as they are policy_mask 0 in RL.
+
+    A task with pictures (``task.image``) needs the policy's ``config`` (how many placeholders an image takes) and
+    gives a fourth item, each row's images (PNG bytes, one per row), which ``sft_loss`` reads."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    seqs, labelled = [], []
+    with_images = hasattr(task, "image")
+    if with_images and config is None:
+        raise ValueError(f"task={getattr(task, 'name', task)} has images: sft_batch needs the policy's config "
+                         "(config=model.config) to lay out their placeholders")
+    seqs, labelled, images = [], [], []
     for p in problems:
-        seq = tokenizer.encode(p.prompt, add_special_tokens=False)
+        if with_images:  # the rollouts' layout: placeholders, then the prompt's characters (tasks/vision.py)
+            seq, png = task.prompt_ids(tokenizer, config, p)
+            images.append([png])
+        else:
+            seq = tokenizer.encode(p.prompt, add_special_tokens=False)
         learn = [False] * len(seq)
         for text, is_policy in demonstration(task, p):
             part = tokenizer.encode(text, add_special_tokens=False) + ([eos] if is_policy else [])
@@ -53,18 +66,27 @@ def sft_batch(tokenizer, task, problems) -> tuple[torch.Tensor, torch.Tensor, to
         mask[i, :len(s)] = 1
         keep = torch.tensor(learn, dtype=torch.bool)
         labels[i, :len(s)] = torch.where(keep, ids[i, :len(s)], torch.tensor(-100))
-    return ids, mask, labels
+    return (ids, mask, labels, images) if with_images else (ids, mask, labels)
 
 
-def sft_loss(model, ids, mask, labels, pack: bool = False) -> tuple[torch.Tensor, dict]:
+def sft_loss(model, ids, mask, labels, images: list[list[bytes]] | None = None,
+             pack: bool = False) -> tuple[torch.Tensor, dict]:
     """Cross-entropy on the labelled tokens; `pack`: the model runs on the rows' packed lines (critic_io.Packing),
-    the same logits, fewer positions computed."""
+    the same logits, fewer positions computed. `images` (``sft_batch``'s fourth item): each row's images, read by a
+    vision-language policy at its placeholders (models.vision.VisionInputs, as the sampler and the policy trainer's
+    recompute read them), its vision tokens' logits banned as the sampler bans them (never packed)."""
     from prime_values.critic_io import Packing
 
     device = next(model.parameters()).device
     ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
-    packing = Packing.gainful(mask.sum(dim=1).tolist()) if pack else None
-    if packing is not None:
+    packing = Packing.gainful(mask.sum(dim=1).tolist()) if pack and images is None else None
+    if images is not None:
+        from prime_values.models.vision import VisionInputs, reply_logits
+
+        vision = VisionInputs(model, ids, mask, images)
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False, **vision.kwargs).logits[:, :-1].float()
+        logits = reply_logits(model.config, logits)
+    elif packing is not None:
         logits = packing.forward(model, ids, 0)[:, :-1].float()
     else:
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()

@@ -12,16 +12,21 @@ trainer and the value trainer (roles/) and, for its optimizer step, the supervis
 - `Trainer.publish`: the next version: the optimizer state gathered every `log.optimizer_state_every` versions,
   the full model gathered, published by rank 0, then `published()` (the policy trainer commits its batch there),
   then pruned to `log.keep_weights` (version 0 and a LoRA base protected). Every rank calls it (collectives).
+  With `background` (the policy trainer's `log.publish_in_background`) the files are written at once and the rest
+  (fsync, rename, `published()`, prune) runs on a thread while the next step computes; `Trainer.settle()` waits
+  for it and raises its error. The value trainer publishes in the foreground: its colocated evaluator labels values
+  with the version it just published.
 """
 
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable
 
 from prime_values import dist
-from prime_values.weights import prune, publish, resume, version_dir
+from prime_values.weights import prune, resume, stage, version_dir
 
 
 def optimizer_step(model, optimizer, backward: Callable[[], dict], max_grad_norm: float) -> dict:
@@ -44,6 +49,8 @@ class Trainer:
         self.ctx, self.kind, self.section, self.group, self.timers = ctx, kind, section, group, timers
         self.model, self.optimizer, self.tokenizer, self.version = model, optimizer, tokenizer, version
         self.root = ctx.run.weights(kind)
+        self._finishing: Future | None = None  # the previous version's fsync-rename-commit-prune
+        self._finisher: ThreadPoolExecutor | None = None
 
     @classmethod
     def resume(cls, ctx, kind: str, section, procs: int, make_optimizer: Callable, timers) -> "Trainer":
@@ -92,10 +99,12 @@ class Trainer:
             yield batch, publish_now
 
     def publish(self, extra: Callable[[Path], None] | None = None, weights=contextlib.nullcontext,
-                published: Callable[[], None] | None = None):
+                published: Callable[[], None] | None = None, background: bool = False):
         """Publish version `version + 1` (every rank calls it); returns the whole model (rank 0's unsharded copy
         when sharded, None on the other ranks). `extra(path)` adds files to the version; `weights()` is a context
-        in which the model holds the weights to publish (critic.weight_average: the averaged ones)."""
+        in which the model holds the weights to publish (critic.weight_average: the averaged ones). `background`
+        (the policy trainer's `log.publish_in_background`): the fsync, rename, `published()` and prune run on a
+        thread, and the caller goes on at once (`settle` waits for them)."""
         from prime_values.models import lora, save_optimizer_state
 
         self.version += 1
@@ -114,12 +123,32 @@ class Trainer:
                         extra(path)
                     if opt_state is not None:
                         save_optimizer_state(opt_state, path)
+                self.settle()  # at most one version in flight: versions appear in order
                 with self.timers.time("io"):
-                    publish(self.root, self.version, save)
+                    staged = stage(self.root, self.version, save)
+
+                def finish() -> None:
+                    staged.finish()
                     if published is not None:
                         published()
                     prune(self.root, keep=self.ctx.cfg.log.keep_weights, protect=lora.protected(full))
+                if background:
+                    self._finisher = self._finisher or ThreadPoolExecutor(1, thread_name_prefix=f"publish-{self.kind}")
+                    self._finishing = self._finisher.submit(finish)
+                else:
+                    with self.timers.time("io"):
+                        finish()
         return full
 
+    def settle(self) -> None:
+        """Wait until the last `publish` is visible and its input committed; raise what it raised."""
+        if self._finishing is not None:
+            finishing, self._finishing = self._finishing, None
+            with self.timers.time("io"):
+                finishing.result()
+
     def close(self) -> None:
+        self.settle()
+        if self._finisher is not None:
+            self._finisher.shutdown()
         dist.teardown()

@@ -10,6 +10,7 @@ No torch here: callers pass `save` / `load` callables, so the log and the traine
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -70,6 +71,14 @@ def publish(root: Path, version: int, save: Callable[[Path], None]) -> Path:
     Versions must increase across restarts (a consumer holding v must never be offered an older or a
     different v), so a version <= LATEST is refused.
     """
+    return stage(root, version, save).finish()
+
+
+def stage(root: Path, version: int, save: Callable[[Path], None]) -> "Staged":
+    """The first half of `publish`: version `version` written by `save(dir)` into a temporary directory no
+    consumer reads; `Staged.finish()` (which a trainer may run on another thread while it computes the next
+    step: `trainer.Trainer.publish`) makes it durable and visible. The weights are read here, so the model may
+    change as soon as this returns."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     current = latest_version(root)
@@ -80,24 +89,42 @@ def publish(root: Path, version: int, save: Callable[[Path], None]) -> Path:
         pid = stale.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not process_alive(int(pid)):  # a reused pid only keeps a dead writer's dir
             shutil.rmtree(stale, ignore_errors=True)
-    final, tmp = version_dir(root, version), root / f".tmp-{version}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir()
-        save(tmp)
-        fsync_tree(tmp)
-        if final.exists():  # renamed by a publisher that crashed before LATEST: never adopted, replace it
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        fsync_dir(root)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise io_error(e, final, "publish weights") from e
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    write_atomic(root / "LATEST", f"{version}\n".encode())
-    return final
+    staged = Staged(root, version)
+    shutil.rmtree(staged.tmp, ignore_errors=True)
+    with staged.cleanup_on_error():
+        staged.tmp.mkdir()
+        save(staged.tmp)
+    return staged
+
+
+class Staged:
+    """A version in its temporary directory (`stage`); `finish()`: fsync it, rename it into place, point LATEST
+    at it. A crash before the rename leaves only the temporary directory, which the next `stage` removes."""
+
+    def __init__(self, root: Path, version: int) -> None:
+        self.root, self.version = root, version
+        self.final, self.tmp = version_dir(root, version), root / f".tmp-{version}-{os.getpid()}"
+
+    @contextlib.contextmanager
+    def cleanup_on_error(self):
+        try:
+            yield
+        except OSError as e:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise io_error(e, self.final, "publish weights") from e
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+
+    def finish(self) -> Path:
+        with self.cleanup_on_error():
+            fsync_tree(self.tmp)
+            if self.final.exists():  # renamed by a publisher that crashed before LATEST: never adopted, replace it
+                shutil.rmtree(self.final)
+            os.rename(self.tmp, self.final)
+            fsync_dir(self.root)
+        write_atomic(self.root / "LATEST", f"{self.version}\n".encode())
+        return self.final
 
 
 def prune(root: Path, keep: int, protect: tuple[int, ...] = (0,)) -> list[int]:

@@ -112,7 +112,7 @@ def target_rows(rollouts, values, scored) -> list[dict]:
         "critic_version": v["critic_version"], "token_ids": r["token_ids"], "policy_mask": r["policy_mask"],
         "privileged": r["privileged"], "reward": r["reward"], "values": v["values"],
         "value_targets": scored["targets"][b, : len(r["token_ids"])].tolist(), "token_digest": v["token_digest"],
-        "created_at": now,
+        "created_at": now, "images": r.get("images") or [],  # schema 4: the rollout's images (none here)
     } for b, (r, v) in enumerate(zip(rollouts, values))]
 
 
@@ -137,7 +137,7 @@ def batch_rows(step: int, groups: list[dict], whiten_advantages: bool) -> list[d
         "step": step, "rollout_id": r["rollout_id"], "policy_version": r["policy_version"],
         "critic_version": critic_versions[b], "token_ids": r["token_ids"], "policy_mask": r["policy_mask"],
         "sampling_logprobs": r["sampling_logprobs"], "advantages": advantages[b, : len(r["token_ids"])].tolist(),
-        "reward": r["reward"],
+        "reward": r["reward"], "images": r.get("images") or [],  # schema 4
     } for b, r in enumerate(rollouts)]
 
 

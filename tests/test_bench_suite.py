@@ -88,17 +88,12 @@ def test_timers_and_summary_lines(tmp_path):
 def test_gpu_mode_puts_every_role_on_the_device():
     """`python -m bench --device X` (GPU mode): the pipeline's overrides move all four device-holding roles to X
     (composed through the real config, with X = cpu here so validation passes on this machine)."""
-    from hydra import compose, initialize_config_dir
-
     from bench import bench_pipeline
     from prime_values import config
-    from prime_values.__main__ import CONF_DIR
 
     assert bench_pipeline.device_overrides(None) == []
-    config.register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*bench_pipeline.BASE, "topology.inference_device=cuda:3",
-                                                       *bench_pipeline.device_overrides("cpu")])
+    cfg = config.compose([*bench_pipeline.BASE, "topology.inference_device=cuda:3",
+                          *bench_pipeline.device_overrides("cpu")])
     assert [cfg.topology[f"{r}_device"] for r in bench_pipeline.ROLE_DEVICES] == ["cpu"] * 4
     config.validate(cfg, cuda_count=0)
     from bench.run_all import device_name

@@ -59,17 +59,12 @@ def test_eight_gpu_node_script_composes_and_splits_the_gpus():
 
 
 def test_slurm_script_composes(monkeypatch):
-    from hydra import compose, initialize_config_dir
-
     from prime_values import config
-    from prime_values.__main__ import CONF_DIR
     from prime_values.launch import make_executor
 
     overrides = script_overrides("slurm.sh") + ["launcher.partition=gpu"]
     assert "launcher=slurm" in overrides
-    config.register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = config.compose(overrides)
     from prime_values.config import launcher as launcher_section
 
     monkeypatch.setattr(launcher_section, "_check_slurm", lambda launcher: None)  # no SLURM controller needed here

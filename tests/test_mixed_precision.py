@@ -391,14 +391,9 @@ def test_inference_auto_picks_vllm_where_it_imports_and_hf_where_it_does_not(mon
 
 
 def compose_config(overrides):
-    from hydra import compose, initialize_config_dir
+    from prime_values.config import compose
 
-    from prime_values.__main__ import CONF_DIR
-    from prime_values.config import register
-
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+    return compose(overrides)
 
 
 def test_gpu_recipes_default_to_auto_backend_mixed_precision_and_checkpointing():

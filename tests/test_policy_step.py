@@ -73,6 +73,19 @@ def test_trainer_logprobs_use_the_sampling_temperature(temperature):
     assert off["approx_kl"] > 1e-6, "the check above cannot tell the temperatures apart"
 
 
+@pytest.mark.parametrize("pack", [True, False])
+def test_packed_and_padded_trainer_logprobs_both_use_the_sampling_temperature(pack):
+    # the temperature test above on 40 rollouts of 7-14 tokens, which policy.pack_sequences packs (Packing.gainful:
+    # 7 lines of 64 positions against 40 x 14 padded); sampled at T = 0.7, the recipes/smollm.md temperature
+    from prime_values.critic_io import Packing
+
+    tok, model, cfg = setup(0.7, pack_sequences=pack)
+    rows = batch(model, tok, 0.7, n=40)
+    assert Packing.gainful([len(r["token_ids"]) for r in rows]) is not None, "these rows would not be packed"
+    stats = step(model, tok, cfg, rows)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and stats["approx_kl"] < 1e-7, stats
+
+
 @pytest.mark.parametrize("trust_region", ["clip", "prob_diff"])
 def test_direction_gap_is_positive_after_a_correct_step_and_negative_after_a_flipped_one(trust_region,
                                                                                          monkeypatch):

@@ -136,14 +136,9 @@ def test_math_experiment_composes_the_recipe():
     result = cli("+experiment=math", "--cfg", "job", timeout=120)
     assert result.returncode == 0, result.stderr
     assert "data: openai/gsm8k" in result.stdout and "model: Qwen/Qwen3-0.6B-Base" in result.stdout, result.stdout
-    from hydra import compose, initialize_config_dir
+    from prime_values.config import compose
 
-    from prime_values.__main__ import CONF_DIR
-    from prime_values.config import register
-
-    register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["+experiment=math"])
+    cfg = compose(["+experiment=math"])
     assert list(cfg.stages) == ["sft", "rl", "eval"] and cfg.policy.model == "Qwen/Qwen3-0.6B-Base"
     assert cfg.topology.evaluator == "dedicated" and cfg.task.name == "math" and cfg.sft.data == "task"
 

@@ -99,13 +99,15 @@ def test_heldout_accuracy_is_greedy_over_whole_episodes(follow_up, tiny, monkeyp
         _assert_two_turns(tokenizer, a.token_ids, a.policy_mask, a.logprobs)
 
 
-def test_critic_warm_start_samples_episodes(follow_up, tiny):
+def test_critic_warm_start_samples_episodes(follow_up, tiny, tmp_path):
     from prime_values.roles.warm_start import sample_for_critic
+    from prime_values.rundir import RunDir
 
     tokenizer, model = tiny
     cfg, task, _ = follow_up
     cfg.critic.warm_start.rollouts, cfg.advantage.gamma = 8, 1.0
-    rows = sample_for_critic(SimpleNamespace(cfg=cfg, seed=lambda *salt: 17 + sum(salt)), model, tokenizer, task)
+    ctx = SimpleNamespace(cfg=cfg, seed=lambda *salt: 17 + sum(salt), run=RunDir(tmp_path))  # a role's parts it uses
+    rows = sample_for_critic(ctx, model, tokenizer, task)
     assert len(rows) == 8 and {r["group_id"] for r in rows} == {f"pretrain-000000-{i:04d}" for i in range(4)}
     by_id = {p.prompt_id: p for p in task.sample(random.Random(0), 200)}
     for row in rows:

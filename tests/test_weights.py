@@ -164,3 +164,67 @@ def test_adopter_wait(tmp_path):
     t.start()
     assert adopter.wait(timeout_s=5, interval_s=0.01) and adopter.value == "zero"
     t.join()
+
+
+
+def _trainer(tmp_path, keep: int = 3):
+    """A single-process policy `trainer.Trainer` over a real tiny model, with the parts of a role it uses."""
+    import types
+
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    from prime_values.models.tokenizer import build_char_tokenizer
+    from prime_values.monitor import Timers
+    from prime_values.rundir import RunDir
+    from prime_values.trainer import Trainer
+
+    cfg = Qwen3Config(hidden_size=32, num_hidden_layers=1, vocab_size=128, intermediate_size=64,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    model = AutoModelForCausalLM.from_config(cfg)
+    ctx = types.SimpleNamespace(run=RunDir(tmp_path / "run"), cfg=OmegaConf.create(
+        {"log": {"optimizer_state_every": 0, "keep_weights": keep}}))
+    return Trainer(ctx, "policy", OmegaConf.create({"lora": {"enabled": False}}), types.SimpleNamespace(main=True),
+                   model, torch.optim.AdamW(model.parameters(), lr=1e-3), build_char_tokenizer(), 0, Timers())
+
+
+def test_a_version_published_in_the_background_is_visible_after_settle_with_its_batch_committed_as_it_was(
+        tmp_path):
+    """log.publish_in_background: the fsync, rename, commit and prune run on a thread; `settle` waits for them.
+    The commit is of the reader's position when the version was published, not of a later poll's."""
+    from prime_values.log import LogReader, SegmentWriter, load_cursor
+
+    trainer = _trainer(tmp_path, keep=1)
+    batches = trainer.ctx.run.stream("batches")
+    reader = LogReader(batches, "policy_trainer", trainer.ctx.run.cursors, "batches")
+    with SegmentWriter(batches, "main", "batches") as writer:
+        for step in (1, 2):
+            writer.append([{"step": step, "rollout_id": "r", "policy_version": 0, "critic_version": 0,
+                            "token_ids": [1, 2], "policy_mask": [0, 1], "sampling_logprobs": [0.0, -1.0],
+                            "advantages": [0.0, 1.0], "reward": 1.0}])
+    assert len(reader.poll(max_segments=1)) == 1  # batch 1
+    trainer.publish(published=reader.committer(), background=True)
+    assert len(reader.poll(max_segments=1)) == 1  # batch 2 read before version 1 is out: must stay uncommitted
+    trainer.settle()
+    assert latest_version(trainer.root) == 1
+    assert load_cursor(trainer.ctx.run.cursors / "policy_trainer.json")["batches"] == {"main": 1}
+    trainer.publish(published=reader.committer(), background=True)
+    trainer.close()  # settles too
+    assert latest_version(trainer.root) == 2 and versions(trainer.root) == [2]  # version 1 pruned (keep 1)
+    assert load_cursor(trainer.ctx.run.cursors / "policy_trainer.json")["batches"] == {"main": 2}
+    assert not list(trainer.root.glob(".tmp-*"))
+
+
+def test_a_background_publication_that_fails_raises_in_the_trainer(tmp_path, monkeypatch):
+    from prime_values import weights
+
+    trainer = _trainer(tmp_path)
+
+    def full_disk(path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    monkeypatch.setattr(weights, "fsync_tree", full_disk)
+    trainer.publish(background=True)  # the files are written; the fsync fails on the thread
+    with pytest.raises(OSError, match=r"publish weights .*1 \(No space left on device\); free disk space"):
+        trainer.settle()
+    assert latest_version(trainer.root) is None and not list(trainer.root.glob(".tmp-*"))  # nothing half visible

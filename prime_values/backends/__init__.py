@@ -27,8 +27,9 @@ import logging
 
 BACKENDS = ("hf", "vllm", "auto")
 
-TURN_TASKS = ("verifiers", "guess", "tools")
-"""the tasks that drive their own turns (`task.rollout`) through the transformers model: hf only"""
+TURN_TASKS = ("verifiers", "guess", "tools", "vision", "sudoku")
+"""the tasks that drive their own turns (`task.rollout`) through the transformers model: hf only (vision: its
+prompts carry images, which only the hf backend samples with)"""
 
 INSTALL_HINT = {
     "vllm": "inference=vllm needs vLLM, which is not installed: pip install 'prime_values[vllm]' (pip install -e "

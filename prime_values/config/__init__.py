@@ -23,7 +23,18 @@ from prime_values.config.launcher import LauncherConfig
 from prime_values.config.log import LogConfig
 from prime_values.config.policy import LoraSettings, PolicyConfig, TinyArch, WarmStartConfig
 from prime_values.config.replay import ReplayConfig
-from prime_values.config.root import CHECKS, Config, load_saved, prepare, register, schema, task_class, validate
+from prime_values.config.root import (
+    CHECKS,
+    CONF_DIR,
+    Config,
+    compose,
+    load_saved,
+    prepare,
+    register,
+    schema,
+    task_class,
+    validate,
+)
 from prime_values.config.schedule import ScheduleConfig
 from prime_values.config.stages import STAGES, EvalConfig, SFTConfig, check_stages, plan
 from prime_values.config.task import (
@@ -38,11 +49,12 @@ from prime_values.config.task import (
 from prime_values.config.topology import TopologyConfig
 from prime_values.config.wandb import WANDB_MODES, WandbConfig, check_wandb
 
-__all__ = ["AdvantageConfig", "ArithTaskConfig", "CHECKS", "Config", "ConfigError", "CriticConfig",
+__all__ = ["AdvantageConfig", "ArithTaskConfig", "CHECKS", "CONF_DIR", "Config", "ConfigError", "CriticConfig",
            "CriticWarmStartConfig", "DOC_HEADER", "EvalConfig", "InferenceConfig", "LauncherConfig", "LogConfig",
            "LoraSettings", "MISSING", "MathTaskConfig", "PolicyConfig", "ReasoningGymTaskConfig", "ReplayConfig",
            "Resolved", "ReverseTextTaskConfig", "SFTConfig", "STAGES", "ScheduleConfig", "TASK_CONFIGS", "TaskConfig",
            "TinyArch", "TopologyConfig", "VerifiersTaskConfig", "WANDB_MODES", "WandbConfig", "WarmStartConfig",
-           "WarmupConfig", "check_fields", "check_stages", "check_wandb", "choice", "configuration_doc", "derive",
+           "WarmupConfig", "check_fields", "check_stages", "check_wandb", "choice", "compose",
+           "configuration_doc", "derive",
            "field_docs", "free", "load_saved", "markdown_reference", "plan", "prepare", "ranged", "register",
            "resolve", "schema", "task_class", "validate"]

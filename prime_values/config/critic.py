@@ -9,7 +9,7 @@ from typing import Optional
 from prime_values.config.base import ConfigError, choice, free, ranged
 from prime_values.config.policy import LoraSettings, path_like
 
-ORACLE_TASKS = ("guess", "tools")
+ORACLE_TASKS = ("guess", "tools", "sudoku")
 """the tasks that play games on from any state (`task.continuations`), so critic.oracle_samples can value them"""
 
 
@@ -111,9 +111,9 @@ class CriticConfig:
     """0 = a learnt critic. K > 0 = the oracle (critic=oracle): no critic is trained (no value trainer, no critic
     pretraining); the evaluator values the state before every policy token of every rollout as the mean reward of
     K games played on from it by the newest policy version it has adopted (Monte-Carlo, the task's
-    `continuations`: task=guess, task=tools), written as critic version 0. The ceiling of what any critic of this
-    policy buys (docs/value_functions.md, "The oracle"); K games per state cost about K x the rollouts' own
-    sampling"""
+    `continuations`: task=guess, task=tools, task=sudoku), written as critic version 0. The ceiling of what any
+    critic of this policy buys (docs/value_functions.md, "The oracle"); K games per state cost about K x the
+    rollouts' own sampling"""
     warm_start: CriticWarmStartConfig = field(default_factory=CriticWarmStartConfig)
     """critic pretraining in the warm-start job"""
     warmup: WarmupConfig = field(default_factory=WarmupConfig)

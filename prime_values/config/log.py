@@ -24,6 +24,11 @@ class LogConfig:
     optimizer_state_every: int = ranged(1, ">= 0")
     """the trainers save their optimizer state inside every Nth published version (`optimizer.pt`), so a restarted
     trainer resumes its Adam moments; a restart from a version without one starts a fresh optimizer (0 = never)"""
+    publish_in_background: bool = True
+    """the policy trainer writes each version's files, then fsyncs them, renames them into place, commits its batch
+    and prunes on a second thread while it computes the next step (weights.stage / Staged.finish): the fsyncs leave
+    the step's critical path (~25-40 ms a step of the embedded run on 2 cores); at most one version is in flight
+    and versions appear in order. false: all of it before the next step"""
     plots: bool = True
     """draw the report's PNG plots (report/*.png) at the end of a run; false writes report/summary.json and
     summary.md without them (~5 s less per run on 2 cores: many short runs, tests), and

@@ -50,6 +50,10 @@ class TinyArch:
                               f"{arch.max_position_embeddings}, the critic's longest input; lower critic.max_length")
 
 
+VISION_MODEL = "tiny_vl"
+"""policy.model of the embedded vision-language policy (conf/policy/tiny_vl.yaml; models.vision.TINY_VL_MODEL)"""
+
+
 @dataclass
 class WarmStartConfig:
     """Supervised warm start on the task's reference solutions before RL (the `sft` job)."""
@@ -76,6 +80,11 @@ class WarmStartConfig:
     """also evaluate the held-out set with the model as loaded, before SFT (one greedy reply per problem,
     `inference.max_new_tokens`; each problem's outcome in metrics/heldout/before_sft.jsonl), so
     bench/paired_heldout.py reports SFT's gain and RL's gain apart on the same problems"""
+    cache: bool = False
+    """keep version 0 (policy and critic) in `policy.cache_dir`'s warm_start/ and start any later run whose version
+    0 would be the same from it, skipping SFT and critic pretraining (prime_values/warm_cache.py: keyed by the policy,
+    critic, task and inference config, the package source, torch and the CPU's kernels; the embedded model only).
+    The embedded experiments set it (conf/experiment/embedded.yaml)"""
     heldout_after: bool = True
     """evaluate the held-out set after SFT (the warm start's `heldout_accuracy`); the policy trainer's step-0
     evaluation measures the same weights, so a run on a slow model may set false and save one evaluation"""
@@ -173,6 +182,10 @@ class PolicyConfig:
     """weight of the k3 KL estimate to the sampling policy (0 = off)"""
     micro_batch_rollouts: int = ranged(0, ">= 0")
     """rollouts per forward/backward micro-batch (0 = the whole batch at once)"""
+    direction_every: int = ranged(10, ">= 0")
+    """the direction diagnostic (`direction_gap` in metrics/policy_trainer.jsonl; docs/value_functions.md,
+    "Direction of a step") on every Nth policy step: one extra no-grad forward of the batch, ~20% of a step of the
+    embedded run on 2 cores (1 = every step, as the end-to-end tests check it; 0 = never)"""
     pack_sequences: bool = True
     """policy trainer and the warm start's SFT: lay each micro-batch's rollouts end to end in lines of at least 64
     tokens (first-fit decreasing, critic_io.Packing) instead of one right-padded row each; the same logprobs,
@@ -187,6 +200,11 @@ class PolicyConfig:
         model = cfg.policy.model
         from prime_values.gguf import GGUFError, check_source as check_gguf, is_gguf
 
+        if model == VISION_MODEL:  # what task=vision's check says of the pipeline (config/task.py) applies too
+            if cfg.task.name != "vision":
+                raise ConfigError(f"policy.model={VISION_MODEL} is the vision-language policy of task=vision; use "
+                                  f"policy=tiny with task={cfg.task.name}")
+            return
         if is_gguf(model):
             if environment:
                 with reported(GGUFError):

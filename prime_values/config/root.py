@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -75,6 +76,22 @@ class Config:
     """facts derived from the keys above when the run is prepared (config/derived.py)"""
 
 
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+"""the YAML groups Hydra composes (prime_values/conf, a link to the repository's conf/)"""
+
+
+def compose(overrides=(), prepared: bool = False, cuda_count: Optional[int] = None) -> DictConfig:
+    """The one way to get a config in code: what `python -m prime_values <overrides>` composes (Hydra over
+    CONF_DIR on top of the schema; an unknown key or a wrong type raises here); with `prepared`, `prepare`d as a
+    run saves it (validated for a machine with `cuda_count` GPUs, None = this one's; derived facts resolved)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=list(overrides))
+    return prepare(cfg, cuda_count=cuda_count) if prepared else cfg
 
 
 def register() -> None:

@@ -21,7 +21,8 @@ from prime_values.tasks.reasoning_gym import (
     check_settings as check_gym_settings,
 )
 
-TASK_NAMES = ("arith", "guess", "tools", "reverse_text", "math", "reasoning_gym", "verifiers", CUSTOM)
+TASK_NAMES = ("arith", "guess", "tools", "reverse_text", "math", "reasoning_gym", "verifiers", "vision", "sudoku",
+              CUSTOM)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class TaskConfig:
     lookup table before it answers), 'reverse_text' (reverse a generated string, partial
     credit), 'math' (GSM8K/MATH-style data, math-verify), 'reasoning_gym' (problems a reasoning-gym generator
     makes offline, final answer checked by math-verify), 'verifiers' (an environment of the `verifiers` package) or
+    'vision' (count the red shapes of a drawn image with a vision-language policy, policy=tiny_vl) or
     'custom' (a task class of your own, task.target=package.module:Class: docs/extending.md); chosen with the group
     (task=math), which brings that task's keys"""
     heldout_size: int = ranged(200, ">= 1")
@@ -127,6 +129,53 @@ class GuessTaskConfig(TaskConfig):
         critic_longest = task.max_trace_chars() + len(cfg.critic.template) + len(str(task.max_number))
         if cfg.critic.max_length < critic_longest:
             raise ConfigError(f"task=guess: the critic's input (a whole game and the secret) takes up to "
+                              f"{critic_longest} tokens, more than critic.max_length={cfg.critic.max_length}; "
+                              "raise critic.max_length")
+
+
+@dataclass
+class SudokuTaskConfig(TaskConfig):
+    """4x4 Sudoku move by move, the environment judging each move legal or not; the privileged context is the
+    solution grid (prime_values/tasks/sudoku.py)."""
+
+    name: str = choice("sudoku", *TASK_NAMES)
+    blanks_min: int = free(4, "1..blanks_max: prime_values/tasks/sudoku.py check_settings")
+    """sudoku: the fewest blank cells of a puzzle (each puzzle draws its blanks uniformly from
+    blanks_min..blanks_max, so a batch mixes difficulties; every puzzle has one solution)"""
+    blanks_max: int = free(8, "blanks_min..12: prime_values/tasks/sudoku.py check_settings")
+    """sudoku: the most blank cells of a puzzle (12 at most: a 4x4 Sudoku needs 4 clues to have one solution)"""
+    max_turns: int = free(10, "blanks_max..64: prime_values/tasks/sudoku.py check_settings")
+    """sudoku: policy turns (moves) per game; the game ends when the grid is full (reward 1 iff it is the
+    solution), after max_illegal illegal moves or after max_turns turns (reward 0)"""
+    max_illegal: int = free(2, "1..max_turns: prime_values/tasks/sudoku.py check_settings")
+    """sudoku: illegal moves (a filled cell, a digit already in the row, column or box) or unreadable ones that end
+    a game (reward 0); each gets the reply '-' or '?' and leaves the grid as it was"""
+    feedback: str = choice("verdict", "verdict", "grid")
+    """sudoku: the environment's reply to a move: 'verdict' ('+' legal, '-' illegal, '?' not a move: the policy
+    keeps track of the grid itself) or 'grid' (the verdict, then the grid as it now stands: Markov in the last
+    reply, ~20 more tokens a turn)"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        TaskConfig.check_build(cfg)  # SudokuTask's rules (check_settings)
+        task = make_task(**cfg.task)
+        new = cfg.inference.max_new_tokens
+        if new <= task.max_answer_chars():
+            raise ConfigError(f"inference.max_new_tokens={new} cannot hold a move of task=sudoku ('12=3', "
+                              f"{task.max_answer_chars()} characters) and its eos; raise it above "
+                              f"{task.max_answer_chars()}")
+        if str(cfg.policy.model) != "tiny":
+            return
+        longest = task.max_trace_chars(new)
+        positions = cfg.policy.arch.max_position_embeddings
+        if longest > positions:
+            raise ConfigError(f"task=sudoku: a game of task.max_turns={task.max_turns} turns of "
+                              f"inference.max_new_tokens={new} takes up to {longest} tokens, more than "
+                              f"policy.arch.max_position_embeddings={positions}; lower task.max_turns or raise "
+                              "policy.arch.max_position_embeddings")
+        critic_longest = longest + len(cfg.critic.template.format(privileged="1234/3412/2143/4321"))
+        if cfg.critic.max_length < critic_longest:
+            raise ConfigError(f"task=sudoku: the critic's input (a whole game and the solution) takes up to "
                               f"{critic_longest} tokens, more than critic.max_length={cfg.critic.max_length}; "
                               "raise critic.max_length")
 
@@ -266,6 +315,22 @@ class VerifiersTaskConfig(TaskConfig):
     """verifiers: the task-data field the critic may see (e.g. the reference answer); empty or absent: nothing"""
     env_pool: int = ranged(4096, ">= 1")
     """verifiers: tasks read from an infinite taskset (bounded ones are read whole) before the held-out split"""
+    tool_format: str = choice("auto", "auto", "hermes", "plain")
+    """verifiers tool environments: how the policy writes a call: 'hermes' (<tool_call>{"name": ..., "arguments":
+    {...}}</tool_call>, for chat templates that render calls so), 'plain' (a reply that is only name({...JSON
+    arguments...}); the tool list follows the system prompt) or 'auto' (hermes where the chat template writes
+    <tool_call>, else plain: SmolLM2-135M's template and the embedded tokenizer get plain)"""
+    tool_timeout: float = ranged(10.0, "in (0, 3600]")
+    """verifiers tool environments: seconds one tool call may take; a slower one is stopped and the policy reads an
+    error instead of its result"""
+    max_tool_calls: int = ranged(16, ">= 1")
+    """verifiers tool environments: tool calls run per episode; later ones get an error reply instead"""
+    max_tool_call_chars: int = ranged(4096, ">= 16")
+    """verifiers tool environments: longest call in characters (name and JSON arguments); a longer one is not read
+    and gets an error reply"""
+    max_tool_result_chars: int = ranged(4096, ">= 16")
+    """verifiers tool environments: a tool's result longer than this many characters is cut before the policy
+    reads it"""
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
@@ -367,10 +432,34 @@ class ToolsTaskConfig(TaskConfig):
                               "raise critic.max_length")
 
 
+@dataclass
+class VisionTaskConfig(TaskConfig):
+    """Count the red shapes in a small drawn image ("count red:" -> "3"); the privileged context is the count."""
+
+    name: str = choice("vision", *TASK_NAMES)
+    max_count: int = free(3, "1..9: prime_values/tasks/vision.py check_settings (VisionTaskConfig.check builds it)")
+    """vision: the most red shapes in a picture; each problem draws its count uniformly from 0..max_count"""
+    distractors: int = free(2, "0..16 - max_count: prime_values/tasks/vision.py check_settings")
+    """vision: the most shapes of another colour (blue, green) in a picture, drawn uniformly from 0..distractors"""
+    size: int = free(32, "32, 48 or 64: prime_values/tasks/vision.py check_settings")
+    """vision: the picture's side in pixels (a multiple of the 16-pixel image token of policy=tiny_vl)"""
+
+    @staticmethod
+    def check(cfg, environment: bool) -> None:
+        TaskConfig.check_build(cfg)  # VisionTask's rules and its held-out set
+        if cfg.policy.model == "tiny":
+            raise ConfigError("task=vision reads images, which policy.model=tiny (a text-only model) cannot see; "
+                              "set policy=tiny_vl")
+        if cfg.policy.pack_sequences:
+            raise ConfigError("policy.pack_sequences=true would lay several rollouts on one line, and a packed line "
+                              "has no multimodal positions for their images; set policy.pack_sequences=false with "
+                              "task=vision")
+
+
 TASK_CONFIGS: dict[str, type[TaskConfig]] = {
     "arith": ArithTaskConfig, "guess": GuessTaskConfig, "tools": ToolsTaskConfig, "reverse_text": ReverseTextTaskConfig,
     "math": MathTaskConfig, "reasoning_gym": ReasoningGymTaskConfig, "verifiers": VerifiersTaskConfig,
-    CUSTOM: CustomTaskConfig}
+    "vision": VisionTaskConfig, "sudoku": SudokuTaskConfig, CUSTOM: CustomTaskConfig}
 assert tuple(TASK_CONFIGS) == TASK_NAMES
 
 

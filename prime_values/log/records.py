@@ -13,11 +13,13 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-SCHEMA_VERSION = 3  # 2: values carry valued_tokens and bootstrap_value; 3: values and targets carry token_digest
+SCHEMA_VERSION = 4  # 2: values carry valued_tokens and bootstrap_value; 3: values and targets carry token_digest;
+# 4: rollouts, targets and batches carry images
 
 _tokens = pa.list_(pa.int32())
 _mask = pa.list_(pa.int8())
 _floats = pa.list_(pa.float32())
+_images = pa.list_(pa.string())  # the row's images by content hash, in their placeholders' order (log/images.py)
 
 SCHEMAS: dict[str, pa.Schema] = {
     # inference -> evaluator, orchestrator, value trainer
@@ -35,6 +37,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("privileged", pa.string()),  # context only the critic may see
         ("task", pa.string()),  # JSON metadata
         ("created_at", pa.float64()),  # unix time
+        ("images", _images),  # the prompt's images by content hash ([] for a text task)
     ]),
     # evaluator -> orchestrator
     "values": pa.schema([
@@ -61,6 +64,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("value_targets", _floats),
         ("token_digest", pa.uint64()),  # the values row's token_digest: the rollout the values were computed on
         ("created_at", pa.float64()),
+        ("images", _images),  # the rollout's images: the critic trains with them
     ]),
     # orchestrator -> policy trainer (one segment per step)
     "batches": pa.schema([
@@ -73,8 +77,12 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("sampling_logprobs", _floats),
         ("advantages", _floats),
         ("reward", pa.float32()),
+        ("images", _images),  # the rollout's images: the policy trainer recomputes its logprobs with them
     ]),
 }
+
+DEFAULTS: dict[str, dict] = {kind: {"images": []} for kind in ("rollouts", "targets", "batches")}
+"""fields a writer may leave out, with the value they then get: a text rollout has no images"""
 
 
 def token_digest(token_ids) -> int:
@@ -82,6 +90,27 @@ def token_digest(token_ids) -> int:
     Values and targets rows carry it, so `prime_values.tools.check` verifies each pairs with its own rollout's tokens,
     not only with a rollout of the same id."""
     return xxhash.xxh3_64_intdigest(np.asarray(token_ids, dtype="<i4").tobytes())
+
+
+def written_by(kind: str, version: int) -> pa.Schema | None:
+    """The schema of `kind` that schema version `version` wrote, for the older versions this one still reads
+    (`upgrade`); None for one it does not (its segments are quarantined as unsupported). Version 3 is version 4
+    without the images."""
+    if version == SCHEMA_VERSION:
+        return SCHEMAS.get(kind)
+    if version == 3 and kind in SCHEMAS:
+        return pa.schema([field for field in SCHEMAS[kind] if field.name not in DEFAULTS.get(kind, {})])
+    return None
+
+
+def upgrade(kind: str, table: pa.Table) -> pa.Table:
+    """A table of an older schema version (`written_by`) with the columns added since, at their `DEFAULTS`,
+    in the current schema's order: a run written before them resumes and reads as before."""
+    for name, value in DEFAULTS.get(kind, {}).items():
+        if name not in table.column_names:
+            field = SCHEMAS[kind].field(name)
+            table = table.append_column(field, pa.array([value] * table.num_rows, type=field.type))
+    return table.select(SCHEMAS[kind].names).replace_schema_metadata(table.schema.metadata)
 
 
 def schema_for(kind: str) -> pa.Schema:
@@ -103,6 +132,9 @@ def to_batch(kind: str, rows: list[dict]) -> pa.RecordBatch:
     """`to_table` as the one record batch a segment holds (what `SegmentWriter.append` writes)."""
     schema = schema_for(kind)
     names, getter = _KEYS[kind]
+    defaults = DEFAULTS.get(kind)
+    if defaults and rows and any(key not in rows[0] for key in defaults):
+        rows = [{**defaults, **row} for row in rows]
     # one pass over the rows, transposed (schema.field(i).name per row costs 6x more). Every name found and
     # exactly len(names) keys in every row <=> keys == names, without comparing key sets row by row.
     try:

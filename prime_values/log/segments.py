@@ -33,7 +33,7 @@ import pyarrow as pa
 import xxhash
 
 from .fsutil import fsync_dir, io_error, write_atomic
-from .records import SCHEMA_VERSION, SCHEMAS, schema_for, to_batch
+from .records import SCHEMA_VERSION, SCHEMAS, schema_for, to_batch, upgrade, written_by
 
 log = logging.getLogger(__name__)
 
@@ -296,18 +296,19 @@ def _decode(path: Path, data: bytes, kind: str | None) -> pa.Table:
     if version > SCHEMA_VERSION:
         raise NewerSchemaVersion(
             path, f"schema_version {version} is newer than this Prime Values' {SCHEMA_VERSION}; upgrade prime_values")
-    if version != SCHEMA_VERSION:
-        raise CorruptSegment(path, f"unsupported or missing schema_version {version}")
     seg_kind = meta.get("pv.kind")
+    expected = written_by(seg_kind, version)  # this version's schema, or an older one it still reads
+    if expected is None and seg_kind in SCHEMAS:
+        raise CorruptSegment(path, f"unsupported or missing schema_version {version}")
     if kind is not None and seg_kind != kind:
         raise CorruptSegment(path, f"holds kind {seg_kind!r}, expected {kind!r}")
-    if seg_kind not in SCHEMAS or not reader.schema.equals(SCHEMAS[seg_kind]):
+    if expected is None or not reader.schema.equals(expected):
         raise CorruptSegment(path, f"columns do not match the {seg_kind!r} schema")
     verify_checksum(path, data, meta)
     table = reader.read_all()
     if str(table.num_rows) != meta.get("pv.rows"):
         raise CorruptSegment(path, f"{table.num_rows} rows, recorded {meta.get('pv.rows')}")
-    return table
+    return table if version == SCHEMA_VERSION else upgrade(seg_kind, table)
 
 
 @dataclass
@@ -411,6 +412,12 @@ class LogReader:
         self.quarantined += 1
         log.warning("quarantined %s to %s: %s", e.path, dst, e.reason)
 
+    def committer(self) -> Callable[[], None]:
+        """`commit` of the position as it is now, to run later (on another thread: `trainer.Trainer.publish` in
+        the background): segments polled in between stay uncommitted."""
+        position = dict(self.next_seq)
+        return lambda: self.commit(hold=position)
+
     def commit(self, hold: dict[str, int] | None = None) -> None:
         """Atomically persist the position; other streams in the same cursor file are kept.
 
@@ -418,6 +425,7 @@ class LogReader:
         segment `seq` in memory: a restart re-reads from there instead of losing them."""
         cursor = load_cursor(self.cursor_path)
         hold = hold or {}
-        cursor[self.stream] = {shard: min(seq, hold.get(shard, seq)) for shard, seq in sorted(self.next_seq.items())}
+        position = dict(self.next_seq)  # a copy: another thread may poll meanwhile (`committer`)
+        cursor[self.stream] = {shard: min(seq, hold.get(shard, seq)) for shard, seq in sorted(position.items())}
         self.cursor_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.cursor_path, json.dumps(cursor, indent=1, sort_keys=True).encode())

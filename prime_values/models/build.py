@@ -24,9 +24,12 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForTokenClassification,
     PreTrainedModel,
+    Qwen2VLForConditionalGeneration,
     Qwen3Config,
 )
 from transformers.utils import is_flash_attn_2_available, logging as hf_logging
+
+from . import vision  # registers the vision-language critic with AutoModelForTokenClassification
 
 # 0.80M parameters (800,640) with the 100-token char vocabulary (tied embeddings).
 DEFAULT_ARCH: dict = dict(
@@ -345,14 +348,35 @@ def build_tiny_policy(tokenizer, seed: int = 0, attention: Attention = DEFAULT_A
     return model
 
 
+def build_tiny_vl_policy(tokenizer, seed: int = 0, attention: Attention = DEFAULT_ATTENTION,
+                         **arch) -> PreTrainedModel:
+    """A freshly initialised tiny ``Qwen2VLForConditionalGeneration`` (models/vision.py: VL_ARCH, `arch` overriding
+    its keys) for a tokenizer with the vision tokens (`vision.build_vl_tokenizer`); `attention`'s precision."""
+    cfg = vision.tiny_vl_config(tokenizer, attention, **arch)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration._from_config(
+            cfg, attn_implementation=attention.implementation, dtype=attention.torch_dtype)
+    for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        setattr(model.generation_config, key, getattr(tokenizer, key))
+    return apply_precision(model.to(attention.torch_dtype), attention.mixed)
+
+
 def load_policy(path: str | os.PathLike, attention: Attention = DEFAULT_ATTENTION) -> PreTrainedModel:
     if is_adapter(path):  # a LoRA version (models/lora.py): merged onto its base
         return load_merged(path, "policy", attention)
     with _quiet():
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=attention.torch_dtype, attn_implementation=attention.implementation
-        )
+        auto = Qwen2VLForConditionalGeneration if _is_vision(path) else AutoModelForCausalLM
+        model = auto.from_pretrained(str(path), dtype=attention.torch_dtype,
+                                     attn_implementation=attention.implementation)
+    vision.attach_run_images(model, path)  # a vision policy of a run reads the run's images (models/vision.py)
     return apply_precision(model.to(attention.torch_dtype), attention.mixed).eval()
+
+
+def _is_vision(path: str | os.PathLike) -> bool:
+    """A saved vision-language model (models/vision.py), told by its config.json's model_type."""
+    file = Path(path) / "config.json"
+    return file.is_file() and json.loads(file.read_text()).get("model_type") == "qwen2_vl"
 
 
 def _critic_config(cfg) -> Qwen3Config:
@@ -381,22 +405,24 @@ def build_critic(init_from: str | os.PathLike | None, tokenizer, seed: int = 0, 
     policy = load_policy(init_from, attention)
     missing, unexpected = critic.model.load_state_dict(policy.model.state_dict(), strict=True)
     assert not missing and not unexpected
+    vision.attach_run_images(critic, init_from)  # a vision critic reads the images of the policy's run
     return keep_layers(critic, depth)
 
 
 def keep_layers(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     """Keep the first `num_layers` transformer blocks of a Qwen/Llama-style model (0 = keep all); the config
     follows, so `save_pretrained` / `from_pretrained` round-trip the shallower model."""
-    layers = model.model.layers
+    holder, config = vision.text_blocks(model)  # a vision-language model: its language model's blocks
+    layers = holder.layers
     if num_layers == 0 or num_layers == len(layers):
         return model
     if not 0 < num_layers < len(layers):
         raise ValueError(f"critic.num_layers={num_layers}: the critic's initialisation has {len(layers)} "
                          f"transformer blocks; choose 1..{len(layers)} (or 0 for all)")
-    model.model.layers = layers[:num_layers]
-    model.config.num_hidden_layers = num_layers
-    if getattr(model.config, "layer_types", None):
-        model.config.layer_types = model.config.layer_types[:num_layers]
+    holder.layers = layers[:num_layers]
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:num_layers]
     return model
 
 
@@ -407,6 +433,7 @@ def load_critic(path: str | os.PathLike, attention: Attention = DEFAULT_ATTENTIO
         model = AutoModelForTokenClassification.from_pretrained(
             str(path), dtype=attention.torch_dtype, attn_implementation=attention.implementation
         )
+    vision.attach_run_images(model, path)  # a vision critic of a run reads the run's images (models/vision.py)
     return apply_precision(model.to(attention.torch_dtype), attention.mixed).eval()
 
 
@@ -467,14 +494,15 @@ def load_merged(path: str | os.PathLike, kind: str | None = None, attention: Att
     return model.merge_and_unload().eval()
 
 
-def critic_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def critic_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                  **images) -> torch.Tensor:
     """``[B, L]`` values, one per position (position ``t`` has seen tokens ``0..t``).
 
     Right padding is assumed (positions are 0..L-1); padded positions hold meaningless values.
     Gradients flow when called under grad mode (the value trainer); wrap in ``torch.no_grad()``
-    to score.
+    to score. `images`: a vision critic's image inputs (``models.vision.VisionInputs.kwargs``).
     """
-    out = critic(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    out = critic(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **images)
     return out.logits.squeeze(-1).float()  # float32 values (and losses) whatever policy.dtype is
 
 

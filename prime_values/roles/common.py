@@ -18,6 +18,7 @@ import zlib
 
 from prime_values.config import load_saved
 from prime_values.launch import job_device, role_threads
+from prime_values.launch.cores import core_share
 from prime_values.log import LogReader, SegmentWriter
 from prime_values.monitor import MetricsWriter
 from prime_values.rundir import RunDir, write_atomic
@@ -46,7 +47,9 @@ class RoleContext:
         self.log = logging.getLogger(f"prime_values.{name}")
         import torch
 
-        torch.set_num_threads(role_threads(self.cfg, role=name))
+        threads = role_threads(self.cfg, role=name)
+        torch.set_num_threads(threads)
+        self.cores = core_share(self.cfg, name, self.device, threads, self.run.state("cores"))  # lend_idle_cores
         self.seed_root = self.cfg.seed  # what this role's seeds derive from (the warm start: its own seed)
         torch.manual_seed(self.seed())
         self.attention = None  # a role that builds models: its attention kernel and weight dtype, logged once,

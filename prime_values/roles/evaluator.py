@@ -99,7 +99,7 @@ class Scorer:
         was_training = critic.training
         critic.eval()
         out = []
-        with self.timers.time("compute"), weights():
+        with self.timers.time("compute"), self.ctx.cores.computing(), weights():  # lends its core while waiting
             for begin in range(0, len(rows), self.cfg.critic.score_batch_rollouts):
                 chunk = rows[begin: begin + self.cfg.critic.score_batch_rollouts]
                 if oracle is not None:

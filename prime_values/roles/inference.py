@@ -12,6 +12,7 @@ import random
 import time
 
 from prime_values.backends import make_backend
+from prime_values.log.images import IMAGES_DIR, ImageStore
 from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.rollout import sample_and_score, scored_replies
@@ -28,9 +29,12 @@ def build_rows(problems, completions, prompt_ids, task, policy_version: int, sha
     return env_rows(problems, rollouts, policy_version, shard, chunk)
 
 
-def env_rows(problems, rollouts, policy_version: int, shard: str, chunk: int) -> list[dict]:
+def env_rows(problems, rollouts, policy_version: int, shard: str, chunk: int, images: ImageStore | None = None
+             ) -> list[dict]:
     """One rollout record per scored rollout (``EnvRollout``: a single reply, or an episode of ``task.rollout``
-    whose environment tokens have policy_mask 0): the flat trace, its masks, logprobs and verified reward."""
+    whose environment tokens have policy_mask 0): the flat trace, its masks, logprobs and verified reward; a
+    rollout with images (tasks.vision.VisionRollout) has them put in `images`, the run's image store, once each,
+    and recorded by hash."""
     rows, now = [], time.time()
     for k, r in enumerate(rollouts):
         problem = problems[r.prompt_index]
@@ -52,12 +56,18 @@ def env_rows(problems, rollouts, policy_version: int, shard: str, chunk: int) ->
             "privileged": problem.privileged,
             "task": json.dumps(meta),
             "created_at": now,
+            "images": [_store(images).put(png) for png in getattr(r, "images", ())],
         })
     return rows
 
 
+def _store(images: ImageStore | None) -> ImageStore:
+    assert images is not None, "a rollout with images needs the run's image store (env_rows' images argument)"
+    return images
+
+
 def generate_rows(task, policy, tokenizer, problems, cfg, seed: int, policy_version: int, shard: str,
-                  chunk: int) -> list[dict]:
+                  chunk: int, images: ImageStore | None = None) -> list[dict]:
     """Sample and score one chunk: ``group_size`` rollouts per problem (``rollout.sample_and_score``:
     episodes for a task that drives its own turns, one reply per rollout otherwise). ``policy`` is an inference
     backend (``prime_values.backends``: hf or vllm) or a bare transformers model."""
@@ -65,7 +75,7 @@ def generate_rows(task, policy, tokenizer, problems, cfg, seed: int, policy_vers
     inf = cfg.inference
     rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=inf.group_size,
                                 max_new_tokens=inf.max_new_tokens, temperature=inf.temperature, seed=seed)
-    return env_rows(problems, rollouts, policy_version, shard, chunk)
+    return env_rows(problems, rollouts, policy_version, shard, chunk, images)
 
 
 class WarmupOffset:
@@ -113,6 +123,7 @@ def generate(ctx: RoleContext, backend, shard: str) -> None:
         policy.wait(timeout_s=600, stop=ctx.stopping)
     tokenizer = AutoTokenizer.from_pretrained(policy_root / str(policy.version))
     writer = ctx.writer("rollouts", shard)
+    images = ImageStore(ctx.run.log / IMAGES_DIR)  # a vision task's images, once each, by content hash
     prompts_per_chunk = cfg.inference.prompts_per_step // cfg.topology.inference_workers
     chunk = writer.next_seq  # resumes after the last published segment
     paused_s = 0.0
@@ -138,9 +149,9 @@ def generate(ctx: RoleContext, backend, shard: str) -> None:
         ctx.doing(f"generating chunk {chunk}" + (" (free-running until the critic warm-up gate opens)"
                                                  if warmup.free_running else f" for step {step}"),
                   note=f"policy v{policy.version}", flush=True)  # generating polls nothing until the chunk is out
-        with timers.time("compute"):
+        with timers.time("compute"), ctx.cores.computing():  # topology.lend_idle_cores: lent while waiting
             rows = generate_rows(task, backend, tokenizer, problems, cfg, ctx.seed(chunk, 1), policy.version,
-                                 shard, chunk)
+                                 shard, chunk, images)
         generated = time.time() - started
         with timers.time("io"):
             writer.append(rows)

@@ -214,7 +214,7 @@ def target_rows(group: ScoredGroup) -> list[dict]:
         "critic_version": v["critic_version"], "token_ids": r["token_ids"], "policy_mask": r["policy_mask"],
         "privileged": r["privileged"], "reward": r["reward"], "values": v["values"],
         "value_targets": group.targets[b, : len(r["token_ids"])].tolist(), "token_digest": v["token_digest"],
-        "created_at": now,
+        "created_at": now, "images": r.get("images") or [],  # the critic trains with the rollout's images
     } for b, (r, v) in enumerate(zip(group.rollouts, group.values))]
 
 
@@ -237,7 +237,7 @@ def batch_rows(step: int, groups: list[ScoredGroup], whiten_advantages: bool) ->
         "step": step, "rollout_id": r["rollout_id"], "policy_version": r["policy_version"],
         "critic_version": critic_versions[b], "token_ids": r["token_ids"], "policy_mask": r["policy_mask"],
         "sampling_logprobs": r["sampling_logprobs"], "advantages": advantages[b, : len(r["token_ids"])].tolist(),
-        "reward": r["reward"],
+        "reward": r["reward"], "images": r.get("images") or [],  # the policy trainer recomputes with them
     } for b, r in enumerate(rollouts)]
 
 

@@ -22,9 +22,12 @@ from prime_values.tasks import make_task
 from prime_values.trainer import Trainer, optimizer_step
 
 
-def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str) -> dict:
-    """One optimizer step over the batch (gradient accumulated over micro-batches, token-mean overall), then the
-    direction diagnostic on the same batch (`direction_after_step`).
+def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str, direction: bool = True,
+               cores=None) -> dict:
+    """One optimizer step over the batch (gradient accumulated over micro-batches, token-mean overall), then, with
+    `direction` (every `policy.direction_every`th step), the direction diagnostic on the same batch
+    (`direction_after_step`). `cores` (launch.cores, topology.lend_idle_cores): the backward passes and the
+    optimizer step run with the cores no other role is computing on.
 
     With several processes (prime_values.dist) every rank holds the whole batch and trains on its strided
     share of each micro-batch; the loss is scaled so the averaged gradient is the single-process one."""
@@ -45,20 +48,29 @@ def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str
             # logits, the logprobs and the loss are fp32 from here on; policy.pack_sequences: on packed lines
             logprobs = rollout_logprobs(model, micro, pad_id, device, cfg.inference.temperature,
                                         pcfg.pack_sequences)
-            seen.append((micro, mask & real, advantages, logprobs.detach()))
+            if direction:
+                seen.append((micro, mask & real, advantages, logprobs.detach()))
             if pcfg.trust_region == "prob_diff":
                 loss, stats = prob_diff_mask_loss(logprobs, sampling, advantages, mask, delta_low=pcfg.prob_diff_low,
                                                   delta_high=pcfg.prob_diff_high, kl_coef=pcfg.kl_coef)
             else:
                 loss, stats = ppo_clip_loss(logprobs, sampling, advantages, mask, clip_low=pcfg.clip_low,
                                             clip_high=pcfg.clip_high, kl_coef=pcfg.kl_coef)
+            if cores is not None and begin == 0:  # the forward overlaps inference's chunk; the backward, rarely
+                stats_sum["backward_threads"] = cores.borrow()
             tokens = mask.sum().item() * real  # a stand-in share (not real) counts no tokens
             weight = tokens / max(total_tokens, 1)  # token-level aggregation across micro-batches and ranks
             (loss * dist.loss_scale(tokens, total_tokens, world)).backward()
             for key, value in {"loss": loss.item(), **stats}.items():
                 stats_sum[key] = stats_sum.get(key, 0.0) + value * weight
         return dist.all_reduce_sum(stats_sum)
-    stats = optimizer_step(model, optimizer, accumulate, pcfg.max_grad_norm)
+    try:
+        stats = optimizer_step(model, optimizer, accumulate, pcfg.max_grad_norm)
+    finally:
+        if cores is not None:
+            cores.give_back(total_tokens)
+    if not direction:
+        return stats
     return {**stats, **direction_after_step(model, seen, pad_id, device, cfg.inference.temperature,
                                             pcfg.pack_sequences)}
 
@@ -202,8 +214,11 @@ def main(run_dir: str) -> None:
         with timers.time("compute"):
             for param_group in optimizer.param_groups:
                 param_group["lr"] = policy_lr(cfg.policy, step, cfg.steps)
-            stats = train_step(trainer.model, optimizer, rows, cfg, trainer.tokenizer.pad_token_id, trainer.device)
-        full = trainer.publish(published=source.reader.commit if trainer.main else None)
+            every = cfg.policy.direction_every
+            stats = train_step(trainer.model, optimizer, rows, cfg, trainer.tokenizer.pad_token_id, trainer.device,
+                               direction=bool(every) and step % every == 0, cores=ctx.cores)
+        full = trainer.publish(published=source.reader.committer() if trainer.main else None,
+                               background=cfg.log.publish_in_background)
         if trainer.main:
             ctx.metrics.log(step=step, **stats, lr=optimizer.param_groups[0]["lr"],
                             reward_mean=sum(r["reward"] for r in rows) / len(rows),
@@ -214,6 +229,7 @@ def main(run_dir: str) -> None:
                 evaluate(ctx, trainer, task, heldout, timers, step, full)
         waited = time.time()
     last = trainer.version
+    trainer.settle()  # the last version visible before the role says it is done
     if trainer.main and not source.stopped:
         if start < last < cfg.steps and last % cfg.eval_every:  # ended by the time budget: evaluate the last version
             evaluate(ctx, trainer, task, heldout, timers, last, full)

@@ -182,7 +182,7 @@ def main(run_dir: str) -> None:
         for steps, (batch, publish_now) in enumerate(trainer.batches(source), 1):
             began = time.time()
             ctx.doing("training", step=steps, note=f"critic v{trainer.version}")
-            with timers.time("compute"):
+            with timers.time("compute"), ctx.cores.computing():  # lends its core while waiting (dedicated evaluator)
                 rows, real = dist.share(batch)
                 stats = critic_step(trainer.model, trainer.optimizer, rows, trainer.tokenizer, cfg, trainer.device,
                                     real)

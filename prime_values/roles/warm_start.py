@@ -19,9 +19,11 @@ import torch
 from prime_values.algo.ema import WeightAverage
 from prime_values.algo.gae import gae
 from prime_values.config.critic import trains_critic
+from prime_values.config.policy import VISION_MODEL
 from prime_values.critic_io import critic_step, padded
 from prime_values.launch import solo_threads
 from prime_values.log import LogReader, to_rows
+from prime_values.log.images import IMAGES_DIR, ImageStore
 from prime_values.monitor import Pace, ThreadTuner
 from prime_values.roles.common import RoleContext
 from prime_values.roles.inference import env_rows
@@ -115,7 +117,7 @@ def supervised(ctx: RoleContext, model, tokenizer, task, phases: Phases | None =
 
     def batch(step: int):
         clock["began"], clock["check_s"], clock["step"] = time.perf_counter(), 0.0, step
-        return sft_batch(tokenizer, task, task.sample(rng, ws.batch_size))
+        return sft_batch(tokenizer, task, task.sample(rng, ws.batch_size), model.config)
 
     def check() -> float:
         phases.show(f"SFT validation check after step {clock['step']}", flush=True)
@@ -151,8 +153,10 @@ def supervised(ctx: RoleContext, model, tokenizer, task, phases: Phases | None =
 def sample_for_critic(ctx: RoleContext, policy, tokenizer, task, phases: Phases | None = None) -> list[dict]:
     """Rollouts of the warm-started policy with their Monte-Carlo value targets (the critic's first data): sampled
     as the inference role samples (``group_size`` per prompt at ``inference.temperature``; a task with episodes,
-    task=verifiers, runs them, so multi-turn traces keep their environment tokens at policy_mask 0)."""
+    task=verifiers, runs them, so multi-turn traces keep their environment tokens at policy_mask 0; a task with
+    images, task=vision, has them stored in the run's image store, as the inference role stores its own)."""
     cfg, rows, rng = ctx.cfg, [], random.Random(ctx.seed(2))
+    images = ImageStore(ctx.run.log / IMAGES_DIR)  # written only by a task with images
     pool = training_prompts(task, cfg.task.train_pool, cfg.task.seed)
     prompts = max(1, cfg.critic.warm_start.rollouts // cfg.inference.group_size)
     if phases is not None:
@@ -164,7 +168,7 @@ def sample_for_critic(ctx: RoleContext, policy, tokenizer, task, phases: Phases 
         rollouts = sample_and_score(policy, tokenizer, task, problems, num_samples=cfg.inference.group_size,
                                     max_new_tokens=cfg.inference.max_new_tokens,
                                     temperature=cfg.inference.temperature, seed=ctx.seed(3, chunk))
-        rows += env_rows(problems, rollouts, 0, "pretrain", chunk)
+        rows += env_rows(problems, rollouts, 0, "pretrain", chunk, images)
         if phases is not None:
             phases.step(len(rows), time.perf_counter() - began, amount=len(rollouts))
     return with_mc_returns(ctx, rows)
@@ -233,7 +237,9 @@ def main(run_dir: str) -> None:
     from transformers import AutoTokenizer
 
     from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, save_model
+    from prime_values.models.build import build_tiny_vl_policy
     from prime_values.models.tokenizer import ensure_pad_token
+    from prime_values.models.vision import build_vl_tokenizer
 
     ctx = RoleContext(run_dir, "warm_start", "policy_trainer_device")  # the policy trainer's device is free now
     cfg = ctx.cfg
@@ -252,6 +258,9 @@ def main(run_dir: str) -> None:
         if cfg.policy.model == "tiny":
             tokenizer = build_char_tokenizer()
             model = build_tiny_policy(tokenizer, seed=ctx.seed(), attention=ctx.attention, **arch)
+        elif cfg.policy.model == VISION_MODEL:  # policy.arch does not apply (models.vision.VL_ARCH)
+            tokenizer = build_vl_tokenizer()
+            model = build_tiny_vl_policy(tokenizer, seed=ctx.seed(), attention=ctx.attention)
         else:
             tokenizer = AutoTokenizer.from_pretrained(cfg.policy.model)
             model = load_policy(cfg.policy.model, ctx.attention)

@@ -26,7 +26,9 @@ from .guess import GuessTask
 from .math import MathTask
 from .reasoning_gym import ReasoningGymTask
 from .reverse_text import ReverseTextTask
+from .sudoku import SudokuTask
 from .tools import ToolsTask
+from .vision import VisionTask
 
 
 def _reasoning_gym_task(**kwargs):
@@ -139,6 +141,8 @@ TASKS: dict[str, Callable[..., object]] = {
     "math": MathTask,
     "reasoning_gym": _reasoning_gym_task,
     "verifiers": _verifiers_task,
+    "vision": VisionTask,  # counting shapes in a drawn image: needs policy=tiny_vl
+    "sudoku": SudokuTask,  # 4x4 Sudoku move by move, each move judged legal or not
     CUSTOM: user_task,  # a class of your own: task=custom task.target=package.module:Class
 }
 """Every task by its name in the `task` group: the built-in ones, and `custom` for a class named by import path."""
@@ -157,5 +161,5 @@ def make_task(name: str, **kwargs):
     return factory(**kwargs)
 
 
-__all__ = ["ArithTask", "CUSTOM", "GuessTask", "MathTask", "Problem", "ReverseTextTask", "TASKS", "ToolsTask",
-           "make_task", "user_task_class"]
+__all__ = ["ArithTask", "CUSTOM", "GuessTask", "MathTask", "Problem", "ReverseTextTask", "SudokuTask", "TASKS",
+           "ToolsTask", "make_task", "user_task_class"]

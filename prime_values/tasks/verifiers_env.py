@@ -40,9 +40,22 @@ is right for a single-turn environment only.
 An episode whose environment raises is one rollout with ``stop_reason`` ``error`` and reward 0 (a failure before
 any policy turn keeps only the prompt, every token masked), so a group always holds ``group_size`` rollouts.
 
-Not supported here: tool calls (tool-using harnesses and MCP toolsets), rewards that need the runtime box,
+Tool environments (a taskset whose tasks declare ``vf.Toolset`` s: ``@vf.tool`` methods, with or without a
+``vf.State`` of their own) run as `verifiers`' chat harness runs them: a seat's turn samples a reply; while the
+reply calls tools, each call runs in-process (bounded: tasks/verifiers_tools.py), its result is appended as a tool
+message (``policy_mask`` 0) and the policy replies again; a reply without calls ends the turn. Every reply counts
+against ``task.max_turns``; the task's ``@vf.stop`` hooks (over the trace and the state the tools write) are read
+before each reply. The policy writes calls in the chat template's own ``<tool_call>`` format where the template
+renders one, else in the plain format ``name({...})`` (SmolLM2-135M's template and the embedded tokenizer); the
+rollout records each call (``ToolRollout.calls``: the row's ``task`` JSON ``calls``, listed by
+``prime_values.tools.show``).
+
+Not supported here: tool-using harness programs (bash, code execution, MCP servers a harness starts itself), a
+toolset that registers its own MCP handlers (a proxy), toolset runtime placement, rewards that need the runtime box,
 image content. Config keys: ``task.env_id``, ``task.env_args`` (the taskset's config), ``task.env_class``,
-``task.max_turns``, ``task.privileged_field``, ``task.env_pool``, ``task.heldout_size``, ``task.seed``.
+``task.max_turns``, ``task.privileged_field``, ``task.env_pool``, ``task.heldout_size``, ``task.seed``; for tool
+environments ``task.tool_format``, ``task.tool_timeout``, ``task.max_tool_calls``, ``task.max_tool_call_chars``,
+``task.max_tool_result_chars``.
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ import hashlib
 import importlib.util
 import inspect
 import itertools
+import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -60,6 +74,7 @@ from dataclasses import dataclass, field
 from prime_values.rollout import EnvRollout
 
 from .arith import Problem
+from .tools import ToolRollout
 
 log = logging.getLogger(__name__)
 
@@ -104,37 +119,82 @@ def check_env_id(env_id: str, env_class: str = "") -> None:
                                        f"{value}) or fix the id")
 
 
+@contextlib.contextmanager
+def _reported(error_type, where: str = ""):
+    """A tool setting or toolset the adapter refuses, as the one-line error the config reports."""
+    try:
+        yield
+    except error_type as e:
+        raise VerifiersUnavailable(f"{where}{e}") from None
+
+
 # ---------------------------------------------------------------------------------------------- rendering
 class Renderer:
-    """Messages -> token ids, incrementally: sampled tokens are never re-tokenised."""
+    """Messages -> token ids, incrementally: sampled tokens are never re-tokenised. A tool environment's episode
+    passes its ``EpisodeTools``: the hermes format renders calls and ``tools=`` through the chat template, the plain
+    format appends the tool list to the system prompt."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.chat = bool(getattr(tokenizer, "chat_template", None))
 
     @staticmethod
-    def _wire(message) -> dict:
-        return {"role": message.role, "content": _text(message.content)}
+    def _wire(message, calls: bool) -> dict:
+        wire = {"role": message.role, "content": _text(message.content)}
+        if calls and getattr(message, "tool_calls", None):
+            wire["tool_calls"] = [{"id": c.id, "type": "function",
+                                   "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                                  for c in message.tool_calls]
+        if calls and message.role == "tool":
+            wire.update(tool_call_id=message.tool_call_id, name=message.name or "")
+        return wire
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def delta(self, history: list, new: list) -> list[int]:
+    def _conversation(self, messages: list, tools) -> list[dict]:
+        hermes = tools is not None and tools.fmt == "hermes"
+        wire = [self._wire(m, hermes) for m in messages]
+        listing = tools.listing() if tools is not None else ""
+        if listing and wire:
+            if wire[0]["role"] == "system":
+                wire[0]["content"] = f"{wire[0]['content']}\n{listing}"
+            else:
+                wire.insert(0, {"role": "system", "content": listing})
+        return wire
+
+    def delta(self, history: list, new: list, tools=None) -> list[int]:
         """Token ids that follow ``history`` (already rendered, last one possibly a sampled reply) when ``new``
         messages arrive, ending with the generation prompt for the next policy turn."""
         if self.chat:
-            full = self.tokenizer.apply_chat_template([self._wire(m) for m in history + new], tokenize=False,
-                                                      add_generation_prompt=True)
+            extra = {"tools": tools.schemas()} if tools is not None and tools.fmt == "hermes" else {}
+            full = self.tokenizer.apply_chat_template(self._conversation(history + new, tools), tokenize=False,
+                                                      add_generation_prompt=True, **extra)
             if not history:
                 return self._encode(full)
-            before = self.tokenizer.apply_chat_template([self._wire(m) for m in history], tokenize=False)
+            before = self.tokenizer.apply_chat_template(self._conversation(history, tools), tokenize=False, **extra)
             common = len(os.path.commonprefix([before, full]))
             return self._encode(full[common:])
         parts = []
-        for m in new:
+        listing = tools.listing() if tools is not None and not history else ""
+        if listing and not (new and new[0].role == "system"):
+            parts.append(listing + "\n")
+        for i, m in enumerate(new):
             text = _text(m.content)
-            parts.append(text + "\n" if m.role == "system" else text)
+            if m.role == "system":
+                parts.append(f"{text}\n{listing}\n" if listing and i == 0 else text + "\n")
+            else:
+                parts.append(text)
         return self._encode("".join(parts))
+
+
+def _arguments(text: str):
+    """A call's arguments as templates render them: the JSON object when they parse as one, else the text."""
+    try:
+        value = json.loads(text) if len(text) <= 65536 else None
+    except (ValueError, RecursionError):
+        value = None
+    return value if isinstance(value, dict) else text
 
 
 def _text(content) -> str:
@@ -207,6 +267,7 @@ class Exchange:
     turns: int = 0
     last_stop: str = "eos"  # the sampler's stop reason of the last policy turn
     trace: object = None
+    tools: object = None  # the episode's EpisodeTools (verifiers_tools.py) in a tool environment, else None
 
 
 class _Interaction:
@@ -224,6 +285,21 @@ class _Interaction:
         self.exchange = Exchange(trace=self.trace)
         self.history: list = []
         self._started = self._over = self._closed = False
+        self._toolsets: list = []  # the task-scoped toolsets this interaction set up (closed with it)
+
+    async def _tools(self):
+        """The episode's tools, set up at its first turn (``None`` outside a tool environment)."""
+        runner = self.seat.runner
+        if self.exchange.tools is not None or runner is None or not runner.has_tools:
+            return self.exchange.tools
+        from . import verifiers_tools as vt
+
+        self._toolsets = list(type(self.task).toolsets(self.task.config))
+        await vt.open_toolsets(self._toolsets, self.task.data)
+        tools = vt.toolset_tools(self._toolsets + runner.shared_toolsets)
+        fmt = vt.template_format(runner.tokenizer, runner.limits.tool_format)
+        self.exchange.tools = vt.EpisodeTools(tools, fmt, runner.limits)
+        return self.exchange.tools
 
     def _append(self, message, ids: list[int], sampled: bool, logprobs=()) -> None:
         from verifiers.v1.graph import MessageNode
@@ -277,29 +353,42 @@ class _Interaction:
         elif message is not None:
             new += [parse_message(m) if isinstance(m, dict) else m for m in message]
         runner = self.seat.runner
+        tools = await self._tools()
         limit = self.seat.config.max_turns or runner.max_turns
-        reason = self.trace.stop_condition or (await self._stopped() if self.exchange.turns else None)
-        if reason is None and self.exchange.turns >= limit:
-            reason = "max_turns"
-        ids = runner.renderer.delta(self.history, new)
-        room = runner.max_context - len(self.exchange.token_ids) - len(ids)
-        if reason is None and room < 1:
-            reason = "max_total_tokens"
-            self.exchange.last_stop = "length"
-        if reason is not None:
-            self.trace.stop(reason)
-            self._over = True
-            return Segment(messages=[], terminated=True)
-        for i, m in enumerate(new):  # the delta rides on the last new message (concatenation is what counts)
-            self._append(m, ids if i == len(new) - 1 else [], sampled=False)
-        completion = await runner.batcher.generate(list(self.exchange.token_ids), min(runner.max_new_tokens, room))
-        response = list(completion.response_ids)
-        text = runner.tokenizer.decode(response, skip_special_tokens=True)
-        reply = vf.AssistantMessage(content=text)
-        self._append(reply, response, sampled=True, logprobs=[float(x) for x in completion.logprobs])
-        self.exchange.turns += 1
-        self.exchange.last_stop = completion.stop_reason
-        return Segment(messages=[reply])
+        segment: list = []  # this turn's replies and tool results, what the Segment carries
+        while True:  # one policy turn, then, while its reply calls tools, their results and another policy turn
+            reason = self.trace.stop_condition or (await self._stopped() if self.exchange.turns else None)
+            if reason is None and self.exchange.turns >= limit:
+                reason = "max_turns"
+            ids = runner.renderer.delta(self.history, new, tools)
+            room = runner.max_context - len(self.exchange.token_ids) - len(ids)
+            if reason is None and room < 1:
+                reason = "max_total_tokens"
+                self.exchange.last_stop = "length"
+            if reason is not None:
+                self.trace.stop(reason)
+                if segment:  # a limit between tool rounds: this turn's replies stand, the next turn ends the exchange
+                    for m in new:  # tool results no policy turn reads: in the trace, without tokens
+                        self._append(m, [], sampled=False)
+                    return Segment(messages=segment)
+                self._over = True
+                return Segment(messages=[], terminated=True)
+            for i, m in enumerate(new):  # the delta rides on the last new message (concatenation is what counts)
+                self._append(m, ids if i == len(new) - 1 else [], sampled=False)
+            completion = await runner.batcher.generate(list(self.exchange.token_ids),
+                                                       min(runner.max_new_tokens, room))
+            response = list(completion.response_ids)
+            text = runner.tokenizer.decode(response, skip_special_tokens=True)
+            reply, calls = (tools.read(text, f"call-{self.exchange.turns + 1}") if tools is not None
+                            else (vf.AssistantMessage(content=text), []))
+            self._append(reply, response, sampled=True, logprobs=[float(x) for x in completion.logprobs])
+            self.exchange.turns += 1
+            self.exchange.last_stop = completion.stop_reason
+            segment.append(reply)
+            if not calls:
+                return Segment(messages=segment)
+            new = await tools.run(calls, self.trace, self.exchange.turns, last_turn=self.exchange.turns >= limit)
+            segment += new
 
     async def close(self):
         if self._closed:
@@ -308,7 +397,13 @@ class _Interaction:
         if self.trace.stop_condition is None:
             self.trace.stop("agent_completed")
         self.trace.ok = not self.trace.errors
-        await self.task.score(self.trace)  # the rubric: @vf.metric / @vf.reward (and judges) of the task
+        try:
+            await self.task.score(self.trace)  # the rubric: @vf.metric / @vf.reward (and judges) of the task
+        finally:
+            if self._toolsets:
+                from .verifiers_tools import close_toolsets
+
+                await close_toolsets(self._toolsets)
         self.seat.finished(self)
         return self.trace
 
@@ -340,9 +435,12 @@ class _Seat:
 
 
 class _EpisodeRunner:
-    def __init__(self, env, renderer, tokenizer, batcher, max_turns, max_new_tokens, max_context):
+    def __init__(self, env, renderer, tokenizer, batcher, max_turns, max_new_tokens, max_context,
+                 has_tools: bool = False, limits=None, shared_toolsets: list | None = None):
         self.env, self.renderer, self.tokenizer, self.batcher = env, renderer, tokenizer, batcher
         self.max_turns, self.max_new_tokens, self.max_context = max_turns, max_new_tokens, max_context
+        self.has_tools, self.limits = has_tools, limits  # a tool environment: its ToolLimits
+        self.shared_toolsets = shared_toolsets or []  # the taskset's toolsets, set up once for all episodes
         self.exchanges: list[Exchange] = []
 
     async def run(self, prompt_index: int, task) -> EnvRollout:
@@ -377,11 +475,14 @@ class _EpisodeRunner:
         ex = mine[0]
         trace = ex.trace
         stop = "error" if error else ("length" if ex.last_stop == "length" else "env_done" if ex.turns > 1 else "eos")
-        replies = [_text(n.message.content) for n in trace.nodes if n.sampled]
-        return EnvRollout(prompt_index, ex.token_ids, ex.policy_mask, ex.logprobs,
-                          0.0 if error else float(trace.reward), stop, "\n".join(replies), turns=ex.turns,
-                          rewards={k: (r.value if r is not None else None) for k, r in trace.rewards.items()},
-                          error=error)
+        replies = [self.tokenizer.decode(n.token_ids, skip_special_tokens=True) for n in trace.nodes if n.sampled]
+        rollout = EnvRollout(prompt_index, ex.token_ids, ex.policy_mask, ex.logprobs,
+                             0.0 if error else float(trace.reward), stop, "\n".join(replies), turns=ex.turns,
+                             rewards={k: (r.value if r is not None else None) for k, r in trace.rewards.items()},
+                             error=error)
+        if not self.has_tools:
+            return rollout
+        return ToolRollout(**vars(rollout), calls=list(ex.tools.calls) if ex.tools is not None else [])
 
 
 # ---------------------------------------------------------------------------------------------- the task
@@ -398,10 +499,18 @@ class VerifiersTask:
 
     def __init__(self, env_id: str = "", env_args: dict | None = None, env_class: str = "", max_turns: int = 8,
                  privileged_field: str = "answer", env_pool: int = 4096, heldout_size: int = 200,
-                 seed: int = 1234, **other):
+                 seed: int = 1234, tool_format: str = "auto", tool_timeout: float = 10.0, max_tool_calls: int = 16,
+                 max_tool_call_chars: int = 4096, max_tool_result_chars: int = 4096, **other):
         check_env_id(env_id, env_class)
         _quiet_verifiers()
         import verifiers.v1 as vf
+
+        from . import verifiers_tools as vt
+
+        self.tool_limits = vt.ToolLimits(tool_format, tool_timeout, max_tool_calls, max_tool_call_chars,
+                                         max_tool_result_chars)
+        with _reported(vt.ToolSettingsError):
+            self.tool_limits.check()
 
         self.env_id, self.env_class = env_id, env_class
         if env_args is not None and not isinstance(env_args, dict):  # an OmegaConf node from the run config
@@ -417,6 +526,11 @@ class VerifiersTask:
         tasks = list(itertools.islice(iter(taskset), env_pool) if not taskset.bounded else taskset)
         if not tasks:
             raise VerifiersUnavailable(f"task.env_id={env_id!r}: the taskset yields no tasks")
+        self.has_tools = vt.declared_toolsets(tasks[0], taskset)
+        if self.has_tools:  # the tools can be run in-process: each is a @vf.tool method, their names are distinct
+            with _reported(vt.ToolSettingsError, f"task.env_id={env_id!r}: "):
+                vt.toolset_tools(list(type(tasks[0]).toolsets(tasks[0].config)) +
+                                 list(taskset.toolsets(taskset.config)))
         problems, seen = [], set()
         for t in tasks:
             p = self._problem(t)
@@ -463,11 +577,22 @@ class VerifiersTask:
             max_context = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         renderer = Renderer(tokenizer)
         batcher = TurnBatcher(model, tokenizer, max_new_tokens, temperature, seed, batch_size)
-        runner = _EpisodeRunner(self.env, renderer, tokenizer, batcher, self.max_turns, max_new_tokens, max_context)
+        runner = _EpisodeRunner(self.env, renderer, tokenizer, batcher, self.max_turns, max_new_tokens, max_context,
+                                self.has_tools, self.tool_limits)
 
         async def all_episodes():
-            jobs = [runner.run(i, p.meta["vf_task"]) for i, p in enumerate(problems) for _ in range(num_samples)]
-            return await asyncio.gather(*jobs)
+            if self.has_tools:  # the taskset's toolsets: set up once, shared by every episode of this call
+                from .verifiers_tools import close_toolsets, open_toolsets
+
+                taskset = self.env.taskset
+                runner.shared_toolsets = list(taskset.toolsets(taskset.config))
+                await open_toolsets(runner.shared_toolsets)
+            try:
+                jobs = [runner.run(i, p.meta["vf_task"]) for i, p in enumerate(problems) for _ in range(num_samples)]
+                return await asyncio.gather(*jobs)
+            finally:
+                if runner.shared_toolsets:
+                    await close_toolsets(runner.shared_toolsets)
 
         return list(asyncio.run(all_episodes()))
 
@@ -516,5 +641,6 @@ class VerifiersTask:
     def describe(self) -> dict:
         return {"name": self.name, "env_id": self.env_id, "env_class": self.env_class or type(self.env).__name__,
                 "env_args": self.env_args, "max_turns": self.max_turns, "privileged_field": self.privileged_field,
+                "tools": self.has_tools,
                 "heldout_size": len(self._heldout), "train_tasks": len(self._train), "seed": self.seed,
                 "prompt_example": self._heldout[0].prompt if self._heldout else None}

@@ -18,6 +18,9 @@ run directory). What is checked is what the roles actually guarantee (read from 
   order (the evaluator adopts only newer critics, and restarts from LATEST). Several records for one rollout
   are allowed: the evaluator re-scores what it had not committed when it died.
 - targets: every record's rollout exists and its per-token columns match the rollout's length.
+- images (a task with pictures, task=vision): every image a rollout refers to (its `images` column, content
+  hashes) is in the run's image store (`log/images/<h[:2]>/<h>.png`, log/images.py) and its bytes hash to its
+  name; every batch and targets row carries exactly its rollout's images.
 - pairing by identity: each values and targets record's `token_digest` (log.records.token_digest) is that of its
   rollout's tokens, so values were computed on, and targets joined with, the very rollout whose id they carry.
   Records without one (schema_version < 3, read with `--allow-old-schema`) are counted as not verifiable.
@@ -52,6 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prime_values.log.images import IMAGES_DIR, ImageError, ImageStore
 from prime_values.log.records import SCHEMA_VERSION, token_digest
 from prime_values.log.segments import (
     CorruptSegment,
@@ -97,7 +101,8 @@ class Result:
                 f"{c['values']} values records, {c['targets']} targets records ({c['paired']} values/targets "
                 f"records paired with their rollout by token digest), policy LATEST "
                 f"{c.get('policy_latest', '-')}, critic LATEST {c.get('critic_latest', '-')}, "
-                f"{c['cursors']} cursors, {c['quarantined']} quarantined segments")
+                f"{c['cursors']} cursors, {c['quarantined']} quarantined segments"
+                + (f", {c['images']} images" if c["images"] else ""))
         notes = f"; notes: {'; '.join(self.notes)}" if self.notes else ""
         if self.violations:
             kinds = ", ".join(f"{k} x{n}" for k, n in shown.items())
@@ -184,6 +189,8 @@ class Checker:
         self.target_refs: list[tuple[str, int, int, int | None]] = []  # (id, n, crc(token_ids), token_digest)
         self.value_refs: list[tuple] = []  # (id, n_values, valued_tokens, cut, seq, shard, token_digest)
         self.digest_of: dict[str, int] = {}  # rollout id -> token_digest(token_ids)
+        self.images_of: dict[str, tuple[str, ...]] = {}  # rollout id -> its images (content hashes), if any
+        self.image_refs: list[tuple[str, str, tuple[str, ...]]] = []  # (where, id, images) of batches, targets
         self.max_policy_version = self.max_critic_version = -1
         self.highest: dict[tuple[str, str], int] = {}  # (stream, shard) -> highest seq, quarantined included
         self.lowest: dict[tuple[str, str], int] = {}  # (stream, shard) -> lowest published seq
@@ -271,6 +278,7 @@ class Checker:
         self.check_cursors()
         self.check_batches()
         self.check_values_and_targets()
+        self.check_images()
         self.check_weights()
         if self.old_schema:
             where = ", ".join(f"{n} in log/{stream}" for stream, n in self.old_schema.items())
@@ -340,6 +348,7 @@ class Checker:
             ids = table.column("rollout_id").to_pylist()
             self.batch_refs += zip([step] * len(ids), ids, n.tolist(), table.column("policy_version").to_pylist(),
                                    table.column("critic_version").to_pylist(), _crcs(table, "token_ids"))
+            self.read_image_refs(table, f"batch step {step}")
 
     def check_batches(self) -> None:
         res = self.res
@@ -426,6 +435,7 @@ class Checker:
             n = self.check_token_lengths(table, where, "targets-length", ("policy_mask", "values", "value_targets"))
             self.target_refs += zip(table.column("rollout_id").to_pylist(), n.tolist(), _crcs(table, "token_ids"),
                                     _digests(table))
+            self.read_image_refs(table, where)
             self.res.counts["targets"] += table.num_rows
 
     def read_values(self) -> None:
@@ -476,6 +486,10 @@ class Checker:
                 self.rollouts[rid] = (k, pv, crc)
                 self.group_of[rid] = group
                 self.digest_of[rid] = digest
+            if "images" in table.column_names:
+                for rid, images in zip(table.column("rollout_id").to_pylist(), table.column("images").to_pylist()):
+                    if images:
+                        self.images_of[rid] = tuple(images)
         self.res.counts["rollouts"] = len(self.rollouts)
 
     def check_pairing(self, where: str, rid: str, digest: int | None) -> None:
@@ -488,6 +502,31 @@ class Checker:
             self.res.violation("pairing", f"{where}: the record of rollout {rid!r} carries token_digest {digest:#x}, "
                                           f"but that rollout's tokens digest to {self.digest_of[rid]:#x}: it was "
                                           "computed on (or joined with) another rollout's tokens")
+
+    def read_image_refs(self, table: pa.Table, where: str) -> None:
+        """A batches or targets segment's rows with the images they carry (checked against their rollouts')."""
+        if "images" in table.column_names:
+            self.image_refs += [(where, rid, tuple(images or ())) for rid, images in
+                                zip(table.column("rollout_id").to_pylist(), table.column("images").to_pylist())]
+
+    def check_images(self) -> None:
+        store, checked = ImageStore(self.log / IMAGES_DIR), set()
+        for rid, images in self.images_of.items():
+            for digest in images:
+                if digest in checked:
+                    continue
+                checked.add(digest)
+                try:
+                    store.get(digest)
+                except ImageError as error:
+                    self.res.violation("image", f"rollout {rid!r}: {error}")
+        self.res.counts["images"] = len(checked)
+        for where, rid, images in self.image_refs:
+            if rid in self.rollouts and images != self.images_of.get(rid, ()):
+                self.res.violation("image", f"{where}: the row of rollout {rid!r} carries images "
+                                            f"{[h[:12] for h in images]}, its rollout "
+                                            f"{[h[:12] for h in self.images_of.get(rid, ())]}: it would train on "
+                                            "another picture")
 
     def check_values_and_targets(self) -> None:
         for rid, n_values, valued, cut, seq, shard, digest in self.value_refs:

@@ -192,7 +192,7 @@ def expected_roles(run: RunDir) -> list[str]:
         return ["warm_start", *(spec.name for spec in roles)]
     except Exception:  # noqa: BLE001 - without a readable config, the roles come from the run directory
         found = {p.stem for p in run.root.glob("metrics/*.jsonl")} | \
-                {p.name for p in run.root.glob("state/*") if p.is_dir()}
+                {p.name for p in run.root.glob("state/*") if p.is_dir() and p.name != "cores"}  # launch/cores.py
         order = ["warm_start", "inference", "evaluator", "orchestrator", "policy_trainer", "value_trainer"]
         return sorted(found, key=lambda n: (next((i for i, o in enumerate(order) if n.startswith(o)), 99), n))
 

@@ -7,7 +7,9 @@ batch step, then every response token with `v` = the critic's value V(prompt + r
 token (`log/batches`). On a terminal the tokens are coloured (one line by value, one by advantage); otherwise
 (a pipe, a file) each token is written `tok[v=0.41 a=-0.12]`. The token that made the value drop the most
 is named. A tool-calling episode (task=tools) lists its calls, one line per policy turn: the call as written and
-what the environment returned (`call 2      calc(53*13) -> 689`). An HTML page of the same rollout goes to
+what the environment returned (`call 2      calc(53*13) -> 689`). A rollout with pictures (task=vision) names each
+image by its content hash and its file in the run's image store (`image       3f2a... log/images/3f/3f2a....png`),
+and the HTML page shows it. An HTML page of the same rollout goes to
 `<run_dir>/report/rollout_<id>.html` (or `--html PATH`).
 
 Which rollout:
@@ -26,19 +28,21 @@ Exit status 2 with a one-line message for a path without a rollout log or an unk
 from __future__ import annotations
 
 import argparse
+import base64
 import html
 import json
 import os
 import re
 import sys
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prime_values.log.images import IMAGES_DIR, ImageError, ImageStore
 from prime_values.log.segments import CorruptSegment, NewerSchemaVersion, list_seqs, read_segment, segment_name
 from prime_values.weights import versions
 
@@ -138,6 +142,7 @@ class Shown:
     batch: dict | None  # the log/batches row (None: never reached a batch)
     pieces: list[str]  # decoded text of every token of the trace
     critic_expected: bool  # does this run have a critic at all
+    images: list[tuple[str, Path]] = field(default_factory=list)  # (content hash, file) of each of its images
 
     @property
     def response_start(self) -> int:
@@ -261,7 +266,9 @@ def load(run: Path, rollout_id: str | None = None, worst: bool = True) -> Shown:
     tokenizer = load_tokenizer(run)
     start = next((j for j, m in enumerate(rollout["policy_mask"]) if m), len(rollout["policy_mask"]))
     pieces = token_pieces(tokenizer, list(rollout["token_ids"]), start)
-    return Shown(rollout, chosen, len(value_rows), batch, pieces, critic_expected)
+    store = ImageStore(run / "log" / IMAGES_DIR)
+    images = [(digest, store.path(digest)) for digest in rollout.get("images") or ()]
+    return Shown(rollout, chosen, len(value_rows), batch, pieces, critic_expected, images)
 
 
 # --- rendering ---------------------------------------------------------------------------------------
@@ -340,6 +347,9 @@ def header_lines(shown: Shown) -> list[str]:
               f"response    {visible(''.join(shown.pieces[start:]))}"]
     if isinstance(task.get("answer"), str):
         lines.append(f"answer      {visible(task['answer'])}")
+    for digest, path in shown.images:
+        lines.append(f"image       {visible(digest)}  {visible(str(path))}"
+                     + ("" if path.is_file() else "  (missing: the run directory lost it)"))
     return lines + call_lines(task.get("calls"))
 
 
@@ -439,11 +449,11 @@ def render_html(shown: Shown) -> str:
                    (line.split(None, 1) if " " in line else (line, "") for line in header_lines(shown)))
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
 <title>rollout {e(r['rollout_id'])}</title><style>{_CSS}</style></head><body>
 <h1>Rollout <span class="mono">{e(r['rollout_id'])}</span></h1>
 <table class="meta">{meta}<tr><td>drop</td><td class="mono">{e(drop_line(shown))}</td></tr></table>
-<h2>By the critic's value</h2>
+{image_tags(shown)}<h2>By the critic's value</h2>
 <p>Each response token is coloured by V(prompt + response[:t]), the critic's value of the state <em>before</em> it
 (red {lo:.2f} .. yellow .. green {hi:.2f}); hover for the value, its advantage and dv = how much the token itself moved
 the value (for the last token: the reward minus its value). Grey: prompt, environment tokens, tokens beyond the
@@ -456,6 +466,22 @@ critic's context.</p>
 <table class="tok"><tr><th>t</th><th>token</th><th>id</th><th>value</th><th>dv</th><th>advantage</th></tr>{rows}</table>
 </body></html>
 """
+
+
+def image_tags(shown: Shown) -> str:
+    """The rollout's pictures inline (data: URLs, the only images the page's policy allows), each checked against
+    its content hash first; a missing or damaged one is named instead."""
+    tags = []
+    for digest, path in shown.images:
+        try:
+            png = ImageStore(path.parent.parent).get(digest)
+        except ImageError as error:
+            tags.append(f'<p class="mono">{html.escape(str(error))}</p>')
+            continue
+        data = base64.b64encode(png).decode("ascii")
+        tags.append(f'<p><img alt="image {html.escape(digest)}" src="data:image/png;base64,{data}" width="192" '
+                    'style="image-rendering:pixelated;border:1px solid #ccc"></p>')
+    return "\n".join(tags)
 
 
 def html_path(run: Path, rollout_id: str) -> Path:

@@ -68,7 +68,8 @@ def summarise(run: RunDir | str | Path, status: str = "finished", error: str | N
     steps = [m for m in policy if "loss" in m]
     batches = [m for m in orchestrator if "step" in m]
     policy_version, critic_version = latest_version(run.weights("policy")), latest_version(run.weights("critic"))
-    first_time = min((m["time"] for m in read_metrics(run.metrics("warm_start"))), default=None)
+    warm_all = read_metrics(run.metrics("warm_start"))
+    first_time = min((m["time"] for m in warm_all), default=None)
     last_time = max((m["time"] for m in policy), default=None)
     summary = {
         "status": status,
@@ -84,6 +85,7 @@ def summarise(run: RunDir | str | Path, status: str = "finished", error: str | N
         "critic_version": critic_version,
         "critic_steps": critic[-1]["critic_step"] if critic else 0,
         "wall_s": (last_time - first_time) if first_time and last_time else None,
+        "waited": waited(run, warm_all, policy, last_time),
         "policy_weights": str(run.weights("policy") / str(policy_version)) if policy_version is not None else None,
         "critic_weights": str(run.weights("critic") / str(critic_version)) if critic_version is not None else None,
         "time_fractions": time_fractions(run),
@@ -92,6 +94,27 @@ def summarise(run: RunDir | str | Path, status: str = "finished", error: str | N
     run.report.mkdir(parents=True, exist_ok=True)
     write_atomic(run.report / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def waited(run: RunDir, warm: list[dict], policy: list[dict], last_time: float | None) -> dict:
+    """What a user waits for, from the launch (the run's config.yaml, written when it is launched or resumed) to
+    the policy trainer's last record: `total_s`; `before_rl_s` up to the policy trainer's first record (start-up,
+    the warm start's SFT `sft_s` and critic pretraining `critic_pretrain_s`, the first held-out evaluation), then
+    `rl_s`, of which `heldout_s` in held-out evaluations. None where the run has not got that far;
+    `warm_start_cached`: version 0 came from the warm-start cache (prime_values/warm_cache.py)."""
+    began = run.config.stat().st_mtime if run.config.exists() else None
+    first_policy = min((m["time"] for m in policy), default=None)
+    cached = any("cached_from" in m for m in warm)  # version 0 from the warm-start cache: no SFT in this run
+
+    def span(a, b):
+        return round(b - a, 1) if a is not None and b is not None and b >= a else None
+    return {"total_s": span(began, last_time), "before_rl_s": span(began, first_policy),
+            "warm_start_cached": cached,
+            "sft_s": None if cached else next((round(m["sft_s"], 1) for m in warm if "sft_s" in m), None),
+            "critic_pretrain_s": None if cached else next((round(m["critic_pretrain_s"], 1) for m in warm
+                                                           if "critic_pretrain_s" in m), None),
+            "rl_s": span(first_policy, last_time),
+            "heldout_s": round(sum(m.get("heldout_s", 0.0) for m in policy), 1) if policy else None}
 
 
 def _fmt(value, spec=".3f"):
@@ -105,6 +128,7 @@ def format_summary(s: dict) -> str:
         f"== prime_values run {s['status']} ==",
         f"run directory        {s['run_dir']}",
         f"policy steps         {s['policy_steps']}   wall {_fmt(s['wall_s'], '.0f')} s",
+        *_wait_line(s.get("waited")),
         f"held-out accuracy    warm start {_fmt(s['warm_start_accuracy'])} -> first RL step "
         f"{_fmt(s['first_rl_step_accuracy'])} -> final {_fmt(s['final_accuracy'])} (gain {_fmt(gain, '+.3f')})",
         f"reward (last {EV_WINDOW} steps) {_fmt(s['final_reward_mean'])}",
@@ -115,6 +139,19 @@ def format_summary(s: dict) -> str:
         f"critic weights       {s['critic_weights']}",
         f"summary              {s['run_dir']}/report/summary.json",
     ])
+
+
+def _wait_line(w) -> list[str]:
+    """'waited               96 s: 41 s before RL (SFT 25 s, critic pretraining 12 s), 55 s of RL (2 s held-out)'"""
+    if not w or w.get("total_s") is None:
+        return []
+    parts = [f"{k} {w[key]:.0f} s" for k, key in (("SFT", "sft_s"), ("critic pretraining", "critic_pretrain_s"))
+             if w.get(key) is not None]
+    if w.get("warm_start_cached"):
+        parts = ["version 0 from the warm-start cache"]
+    before = f"{_fmt(w['before_rl_s'], '.0f')} s before RL" + (f" ({', '.join(parts)})" if parts else "")
+    rl = f"{_fmt(w['rl_s'], '.0f')} s of RL ({_fmt(w['heldout_s'], '.0f')} s held-out evaluation)"
+    return [f"waited               {w['total_s']:.0f} s from the launch: {before}, {rl}"]
 
 
 def _time_lines(fractions) -> list[str]:
