@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -39,8 +40,11 @@ from prime_values.wandb_sink import start_forwarder
 from prime_values.warm_cache import WarmStartCache
 from prime_values.weights import latest_version
 
+if TYPE_CHECKING:
+    from prime_values.config import Config
 
-def prepare(cfg, output_dir: str | None = None, launch: LocalLaunch | None = None) \
+
+def prepare(cfg: Config, output_dir: str | None = None, launch: LocalLaunch | None = None) \
         -> tuple[RunDir, object, ZygoteClient | None]:
     """The run directory (`output_dir`, else Hydra's) holding the config `config.prepare` made (validated, 'auto'
     devices resolved, resolved.* derived); a local attached run's fork server (unless `launch` has one already: the
@@ -89,7 +93,7 @@ def _terminate_gracefully(signum, frame):
     raise KeyboardInterrupt  # SIGTERM: stop the roles like Ctrl-C does
 
 
-def conduct(cfg, launch: LocalLaunch | None = None) -> Outcome:
+def conduct(cfg: Config, launch: LocalLaunch | None = None) -> Outcome:
     """The rl stage: prepare the run directory, then run the roles here, or, with launcher.detach, submit a
     conductor job that runs them and return at once. `launch`: the stages' (its fork server serves the roles too);
     without one, a local attached run starts its own fork server when launcher.fork_server asks for it."""
@@ -125,7 +129,7 @@ def _allocation_main(run_dir: str) -> dict:
     return drive(run_dir)
 
 
-def detach(run: RunDir, cfg) -> Outcome:
+def detach(run: RunDir, cfg: Config) -> Outcome:
     executor = make_executor(cfg.launcher, run.jobs, "conductor", "cpu")
     with _detached_stdio():
         job = executor.submit(drive, str(run.root))
@@ -169,7 +173,7 @@ def drive(run_dir: str) -> dict:
     return outcome.result
 
 
-def run_roles(run: RunDir, cfg, launch: LocalLaunch | None = None, close_launch: bool = False) -> Outcome:
+def run_roles(run: RunDir, cfg: Config, launch: LocalLaunch | None = None, close_launch: bool = False) -> Outcome:
     """Run the roles of the rl stage from this process until the policy trainer ends. `launch`: how the local role
     jobs start (its fork server, when it has one, is waited for before the first); with `close_launch` it is closed
     once the roles have ended."""
@@ -245,14 +249,14 @@ def report(run: RunDir, summary: dict, plots: bool) -> None:
               f"retry with python -m prime_values.tools.report {run.root}", file=sys.stderr, flush=True)
 
 
-def wants_fork_server(cfg) -> bool:
+def wants_fork_server(cfg: Config) -> bool:
     """Whether launcher.fork_server asks for a fork server for this process's jobs: a local attached run, not
     inside a SLURM allocation."""
     return bool(cfg.launcher.name == "local" and cfg.launcher.fork_server and not cfg.launcher.detach
                 and not in_allocation())
 
 
-def _poll(run: RunDir, progress: LiveView, cfg) -> None:
+def _poll(run: RunDir, progress: LiveView, cfg: Config) -> None:
     """One tick of the conductor's loop: refresh the view, notice a stop asked for from outside
     (`python -m prime_values.tools.status <run> --stop`), wait."""
     progress.show()

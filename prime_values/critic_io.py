@@ -8,6 +8,8 @@ in both layouts and values map back exactly (`algo.privileged`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from prime_values import dist
@@ -15,6 +17,9 @@ from prime_values.algo.gae import explained_variance, gae
 from prime_values.algo.losses import token_logprobs, value_loss, values_from_head
 from prime_values.algo.privileged import batch_values_to_policy_layout, critic_layout, truncate_for_critic
 from prime_values.trainer import optimizer_step
+
+if TYPE_CHECKING:
+    from prime_values.config import Config
 
 
 def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
@@ -216,7 +221,7 @@ def attention_mask(rows: list[dict]) -> torch.Tensor:
     return (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()
 
 
-def value_targets(rows: list[dict], inputs: CriticInputs, values: torch.Tensor, cfg) -> torch.Tensor:
+def value_targets(rows: list[dict], inputs: CriticInputs, values: torch.Tensor, cfg: Config) -> torch.Tensor:
     """[B, T] value targets of `rows` for the critic whose `values` (policy layout, after the head) `inputs` holds.
 
     advantage.lambda_value = 1: the stored targets (Monte-Carlo returns, or V(s_cut) for a cut trace). Below 1:
@@ -234,7 +239,7 @@ def value_targets(rows: list[dict], inputs: CriticInputs, values: torch.Tensor, 
     return targets
 
 
-def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg, device: str, real: bool = True) -> dict:
+def critic_step(critic, optimizer, rows: list[dict], tokenizer, cfg: Config, device: str, real: bool = True) -> dict:
     """One critic optimizer step on replay rows (targets rows: token ids, mask, reward, values, value_targets):
     the trainers' step (`trainer.optimizer_step`: critic.max_grad_norm clips, `grad_norm` reported). With several
     processes `rows` is this rank's share and `real` whether it is one (`dist.share`: a stand-in counts no tokens).

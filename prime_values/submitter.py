@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from prime_values.rundir import RunDir, StopReason, write_atomic
 from prime_values.supervisor import Ending, Outcome, RestartBudget, StopRequested
@@ -17,8 +18,11 @@ from prime_values.tools.summary import format_summary, summarise
 LOST = {"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"}  # the allocation was lost, not the run: requeue and resume
 LOST_GRACE_S = 30.0  # how long a lost job may take to be requeued by SLURM itself before it is resubmitted
 
+if TYPE_CHECKING:
+    from prime_values.config import Config
 
-def submit_pipeline(run: RunDir, cfg, allocation_main) -> Outcome:
+
+def submit_pipeline(run: RunDir, cfg: Config, allocation_main) -> Outcome:
     """launcher=slurm: the rl stage as one sbatch job for all roles (prime_values.launch.slurm), followed from here:
     queued (and why), then the live view from the run directory; a lost allocation is resubmitted (launcher.
     max_restarts per launcher.restart_window_s, the supervisor's RestartBudget) and the next one resumes the run;

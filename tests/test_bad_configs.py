@@ -102,8 +102,8 @@ CORPUS = [
     (["critic.template=answer|"], "critic.template", "must contain '{privileged}'"),
     (["critic.template='{privileged:d}|'"], "critic.template", "'{privileged:<3}|' to pad it"),
     # unknown names
-    (["task.name=sudoku"], "task.name", "choose one of arith"),
-    (["task=sudoku"], "task/sudoku", "available: arith"),
+    (["task.name=crossword"], "task.name", "choose one of arith"),
+    (["task=crossword"], "task/crossword", "available: arith"),
     (["advantage.estimator=ppo"], "advantage.estimator", "choose one of gae, grpo, tether"),
     (["critic.loss=l1"], "critic.loss", "choose one of mse, huber, bce"),
     (["critic.placement=end"], "critic.placement", "choose one of start, response"),

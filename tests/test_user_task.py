@@ -213,7 +213,8 @@ def test_a_task_that_plays_its_own_turns_needs_the_transformers_backend(user_pac
 
 
 def test_the_built_in_tasks_are_still_the_registry_and_custom_is_the_one_by_import_path():
-    assert list(TASKS) == ["arith", "guess", "tools", "reverse_text", "math", "reasoning_gym", "verifiers", "custom"]
+    assert list(TASKS) == ["arith", "guess", "tools", "reverse_text", "math", "reasoning_gym", "verifiers", "vision",
+                           "sudoku", "custom"]
     assert user_task_class("prime_values.tasks.arith:ArithTask") is ArithTask  # a built-in class, by its path too
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,13 +21,16 @@ from prime_values.roles.common import RoleContext
 from prime_values.tasks import make_task
 from prime_values.weights import Adopter
 
+if TYPE_CHECKING:
+    from prime_values.config import Config
+
 
 class OracleValues:
     """critic.oracle_samples = K: V(s_t) at every policy token t of each rollout, the mean reward of K games the
     given policy plays on from the state before t (the task's `continuations`, one batched play per scoring
     chunk); 0 at the environment's and the prompt's tokens, as a critic's values are."""
 
-    def __init__(self, cfg, task, tokenizer, seed: int):
+    def __init__(self, cfg: Config, task, tokenizer, seed: int):
         self.cfg, self.task, self.tokenizer, self.seed = cfg, task, tokenizer, seed
         self.calls = 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from typing import TYPE_CHECKING
 
 from prime_values.backends import make_backend
 from prime_values.log.images import IMAGES_DIR, ImageStore
@@ -20,6 +21,9 @@ from prime_values.rundir import write_atomic
 from prime_values.tasks import make_task
 from prime_values.tasks.pool import training_prompts
 from prime_values.weights import latest_version
+
+if TYPE_CHECKING:
+    from prime_values.config import Config
 
 
 def build_rows(problems, completions, prompt_ids, task, policy_version: int, shard: str, chunk: int,
@@ -66,7 +70,7 @@ def _store(images: ImageStore | None) -> ImageStore:
     return images
 
 
-def generate_rows(task, policy, tokenizer, problems, cfg, seed: int, policy_version: int, shard: str,
+def generate_rows(task, policy, tokenizer, problems, cfg: Config, seed: int, policy_version: int, shard: str,
                   chunk: int, images: ImageStore | None = None) -> list[dict]:
     """Sample and score one chunk: ``group_size`` rollouts per problem (``rollout.sample_and_score``:
     episodes for a task that drives its own turns, one reply per rollout otherwise). ``policy`` is an inference

@@ -17,6 +17,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,9 @@ from prime_values.monitor import Timers
 from prime_values.roles.common import RoleContext
 from prime_values.rundir import write_atomic
 from prime_values.weights import latest_version
+
+if TYPE_CHECKING:
+    from prime_values.config import Config
 
 
 class GroupJoin:
@@ -260,7 +264,7 @@ class WarmupGate:
     `max_rollouts` warm-up rollouts were scored. Groups scored while the gate is closed only train the critic.
     Opening writes `control/warmup_done`, which tells inference to stop free-running (and survives restarts)."""
 
-    def __init__(self, cfg, run) -> None:
+    def __init__(self, cfg: Config, run) -> None:
         w = cfg.critic.warmup
         self.min_version, self.min_ev, self.max_rollouts = w.min_version, w.min_explained_variance, w.max_rollouts
         self.file = run.warmup_done_file

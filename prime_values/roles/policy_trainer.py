@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,8 +22,11 @@ from prime_values.rundir import write_atomic
 from prime_values.tasks import make_task
 from prime_values.trainer import Trainer, optimizer_step
 
+if TYPE_CHECKING:
+    from prime_values.config import Config
 
-def train_step(model, optimizer, rows: list[dict], cfg, pad_id: int, device: str, direction: bool = True,
+
+def train_step(model, optimizer, rows: list[dict], cfg: Config, pad_id: int, device: str, direction: bool = True,
                cores=None) -> dict:
     """One optimizer step over the batch (gradient accumulated over micro-batches, token-mean overall), then, with
     `direction` (every `policy.direction_every`th step), the direction diagnostic on the same batch

@@ -13,6 +13,7 @@ import json
 import math
 import random
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from prime_values.supervised import sft_batch, supervised_train, validation_accu
 from prime_values.tasks import make_task
 from prime_values.tasks.pool import training_prompts
 from prime_values.weights import latest_version, publish, version_dir
+
+if TYPE_CHECKING:
+    from prime_values.config import Config
 
 
 class Phases:
@@ -217,7 +221,7 @@ def pretrain_critic(ctx: RoleContext, critic, tokenizer, rows: list[dict], phase
     critic.eval()
 
 
-def initial_critic(cfg, policy_dir, tokenizer, seed: int, attention=None):
+def initial_critic(cfg: Config, policy_dir, tokenizer, seed: int, attention=None):
     """The untrained critic of a run (critic.init, critic.num_layers): the policy's backbone at `policy_dir`, a
     fresh one from policy.arch, or a saved critic; the value head is fresh where the critic is new. `attention`:
     the role's (models.build.Attention; None = the default, sdpa in float32)."""

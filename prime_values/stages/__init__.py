@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -39,6 +40,9 @@ from prime_values.stages.common import (
 )
 from prime_values.supervisor import Ending, Outcome
 
+if TYPE_CHECKING:
+    from prime_values.config import Config
+
 __all__ = ["STAGES", "plan", "run_stages"]
 
 
@@ -48,12 +52,12 @@ def _plain(node) -> dict:
     return json.loads(json.dumps(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node))
 
 
-def _task_key(cfg) -> dict:
+def _task_key(cfg: Config) -> dict:
     """The task settings that change what a stage sees (not how the verifier pool or the cache are run)."""
     return {k: v for k, v in _plain(cfg.task).items() if not k.startswith("verifier_") and k != "data_cache_dir"}
 
 
-def stage_key(name: str, cfg, model: str, upstream: str | None) -> dict:
+def stage_key(name: str, cfg: Config, model: str, upstream: str | None) -> dict:
     """What a finished stage is valid for: its input model and the settings that shape its output."""
     key = {"input": model, "upstream": upstream}
     if name == "sft":
@@ -103,7 +107,7 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
-def run_stages(cfg) -> Outcome:
+def run_stages(cfg: Config) -> Outcome:
     """Run the stages of `cfg` in Hydra's output directory. The outcome's result holds each stage's done record;
     a failed stage (its cause printed) ends the pipeline there."""
     from hydra.core.hydra_config import HydraConfig
@@ -127,7 +131,7 @@ def _bad_config(error: Exception) -> Outcome:
     return Outcome(Ending.BAD_CONFIG, str(error))
 
 
-def _run_planned(run: RunDir, cfg, launch: LocalLaunch) -> Outcome:
+def _run_planned(run: RunDir, cfg: Config, launch: LocalLaunch) -> Outcome:
     try:
         _prepare_model(cfg)
     except (GGUFError, BudgetError) as error:
@@ -177,7 +181,7 @@ def _run_planned(run: RunDir, cfg, launch: LocalLaunch) -> Outcome:
     return Outcome(Ending.FINISHED, result=records)
 
 
-def _prepare_model(cfg) -> None:
+def _prepare_model(cfg: Config) -> None:
     """Before any job starts: a GGUF policy.model becomes its converted from_pretrained directory (converted once
     into policy.cache_dir, prime_values.gguf), so every stage and role, and `${policy.model}` wherever the config
     interpolates it, see a plain directory; and a local model's token budgets are checked against its tokenizer
@@ -192,7 +196,7 @@ def _prepare_model(cfg) -> None:
               f"{cfg.critic.max_length})", flush=True)
 
 
-def _run_sft(run, cfg, model, upstream, key, launch) -> Outcome:
+def _run_sft(run, cfg: Config, model, upstream, key, launch) -> Outcome:
     stage_cfg = prepare(cfg)  # as the conductor prepares the rl stage's config
     stage_cfg.policy.model = model
     print(f"stage sft: fine-tuning {model} -> {run.root}/stages/sft/model", flush=True)
@@ -202,7 +206,7 @@ def _run_sft(run, cfg, model, upstream, key, launch) -> Outcome:
     return Outcome(Ending.FINISHED, result=record)
 
 
-def _run_rl(run, cfg, model, upstream, key, launch) -> Outcome:
+def _run_rl(run, cfg: Config, model, upstream, key, launch) -> Outcome:
     rl_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     rl_cfg.policy.model = model
     if upstream is not None:
@@ -220,7 +224,7 @@ def _run_rl(run, cfg, model, upstream, key, launch) -> Outcome:
     return Outcome(Ending.FINISHED, result=record)
 
 
-def _run_eval(run, cfg, model, upstream, key, launch) -> Outcome:
+def _run_eval(run, cfg: Config, model, upstream, key, launch) -> Outcome:
     stage_cfg = prepare(cfg)  # as the conductor prepares the rl stage's config
     stage_cfg.policy.model = model
     results = run_stage_job(run, stage_cfg, "eval", evaluate.main, stage_cfg.topology.inference_device, launch)

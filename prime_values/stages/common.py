@@ -17,6 +17,7 @@ import os
 import time
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
@@ -27,6 +28,9 @@ from prime_values.rundir import RunDir, StopReason, write_atomic
 from prime_values.supervisor import StopRequested, Supervisor, exit_cause
 
 MODEL_STAGES = ("sft", "rl")  # stages whose output is a model the next stage starts from
+
+if TYPE_CHECKING:
+    from prime_values.config import Config
 
 
 class StageFailed(RuntimeError):
@@ -105,7 +109,8 @@ def _progress_line(name: str, record: dict, started: float) -> str:
     return f"[{time.time() - started:6.0f}s] stage {name}: " + (", ".join(parts) or "starting")
 
 
-def run_stage_job(run: RunDir, cfg, name: str, function, device: str, launch: LocalLaunch | None = None) -> object:
+def run_stage_job(run: RunDir, cfg: Config, name: str, function, device: str,
+                  launch: LocalLaunch | None = None) -> object:
     """Submit `function(run_dir)` as the stage's job (local subprocess or sbatch, as launcher says; forked from
     `launch`'s fork server when it has one), show its progress, and return what it returned. A failure raises
     StageFailed with its cause, read at once from the job's exit state as the conductor reads a role's
