@@ -213,6 +213,9 @@ OTHER_TASKS = [
     ("tools", ["inference.max_new_tokens=8"], "inference.max_new_tokens=8", "raise it above 11"),
     ("tools", ["task.max_turns=32"], "task.max_turns", "raise policy.arch.max_position_embeddings"),
     ("tools", ["critic.max_length=100"], "critic.max_length=100", "raise critic.max_length"),
+    ("sudoku", ["inference.max_new_tokens=3"], "inference.max_new_tokens=3", "raise it above 4"),
+    ("sudoku", ["task.max_turns=64"], "task.max_turns", "raise policy.arch.max_position_embeddings"),
+    ("sudoku", ["critic.max_length=40"], "critic.max_length=40", "raise critic.max_length"),
 ]
 
 

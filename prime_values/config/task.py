@@ -158,26 +158,32 @@ class SudokuTaskConfig(TaskConfig):
     @staticmethod
     def check(cfg, environment: bool) -> None:
         TaskConfig.check_build(cfg)  # SudokuTask's rules (check_settings)
-        task = make_task(**cfg.task)
-        new = cfg.inference.max_new_tokens
-        if new <= task.max_answer_chars():
-            raise ConfigError(f"inference.max_new_tokens={new} cannot hold a move of task=sudoku ('12=3', "
-                              f"{task.max_answer_chars()} characters) and its eos; raise it above "
-                              f"{task.max_answer_chars()}")
-        if str(cfg.policy.model) != "tiny":
-            return
-        longest = task.max_trace_chars(new)
-        positions = cfg.policy.arch.max_position_embeddings
-        if longest > positions:
-            raise ConfigError(f"task=sudoku: a game of task.max_turns={task.max_turns} turns of "
-                              f"inference.max_new_tokens={new} takes up to {longest} tokens, more than "
-                              f"policy.arch.max_position_embeddings={positions}; lower task.max_turns or raise "
-                              "policy.arch.max_position_embeddings")
-        critic_longest = longest + len(cfg.critic.template.format(privileged="1234/3412/2143/4321"))
-        if cfg.critic.max_length < critic_longest:
-            raise ConfigError(f"task=sudoku: the critic's input (a whole game and the solution) takes up to "
-                              f"{critic_longest} tokens, more than critic.max_length={cfg.critic.max_length}; "
-                              "raise critic.max_length")
+        check_turn_budget(cfg, make_task(**cfg.task), what="a move of task=sudoku ('12=3', {n} characters)",
+                          episode="a game", privileged="1234/3412/2143/4321",
+                          critic_what="a whole game and the solution")
+
+
+def check_turn_budget(cfg, task, what: str, episode: str, privileged: str, critic_what: str) -> None:
+    """The token budgets of a task that drives its own turns (task=sudoku, task=tools): a turn holds the longest
+    answer and its eos; on the embedded model a whole episode fits its positions, and the critic's input (the
+    episode and `privileged`, the longest privileged text) fits critic.max_length. `what` names the answer ({n}:
+    its characters), `episode` an episode, `critic_what` the critic's input, in the one-line errors."""
+    name, new, most = cfg.task.name, cfg.inference.max_new_tokens, task.max_answer_chars()
+    if new <= most:
+        raise ConfigError(f"inference.max_new_tokens={new} cannot hold {what.format(n=most)} and its eos; raise it "
+                          f"above {most}")
+    if str(cfg.policy.model) != "tiny":
+        return
+    longest, positions = task.max_trace_chars(new), cfg.policy.arch.max_position_embeddings
+    if longest > positions:
+        raise ConfigError(f"task={name}: {episode} of task.max_turns={task.max_turns} turns of "
+                          f"inference.max_new_tokens={new} takes up to {longest} tokens, more than "
+                          f"policy.arch.max_position_embeddings={positions}; lower task.max_turns or raise "
+                          "policy.arch.max_position_embeddings")
+    critic_longest = longest + len(cfg.critic.template.format(privileged=privileged))
+    if cfg.critic.max_length < critic_longest:
+        raise ConfigError(f"task={name}: the critic's input ({critic_what}) takes up to {critic_longest} tokens, "
+                          f"more than critic.max_length={cfg.critic.max_length}; raise critic.max_length")
 
 
 @dataclass
@@ -410,26 +416,8 @@ class ToolsTaskConfig(TaskConfig):
     def check(cfg, environment: bool) -> None:
         TaskConfig.check_build(cfg)  # ToolsTask's rules (check_settings)
         task = make_task(**cfg.task)
-        new = cfg.inference.max_new_tokens
-        if new <= task.max_answer_chars():
-            raise ConfigError(f"inference.max_new_tokens={new} cannot hold the longest call of task=tools "
-                              f"({task.max_answer_chars()} characters) and its eos; raise it above "
-                              f"{task.max_answer_chars()}")
-        if str(cfg.policy.model) != "tiny":
-            return
-        longest = task.max_trace_chars(new)
-        positions = cfg.policy.arch.max_position_embeddings
-        if longest > positions:
-            raise ConfigError(f"task=tools: an episode of task.max_turns={task.max_turns} turns of "
-                              f"inference.max_new_tokens={new} takes up to {longest} tokens, more than "
-                              f"policy.arch.max_position_embeddings={positions}; lower task.max_turns or raise "
-                              "policy.arch.max_position_embeddings")
-        privileged = "9" * task.max_privileged_chars()
-        critic_longest = longest + len(cfg.critic.template.format(privileged=privileged))
-        if cfg.critic.max_length < critic_longest:
-            raise ConfigError(f"task=tools: the critic's input (a whole episode and the answer) takes up to "
-                              f"{critic_longest} tokens, more than critic.max_length={cfg.critic.max_length}; "
-                              "raise critic.max_length")
+        check_turn_budget(cfg, task, what="the longest call of task=tools ({n} characters)", episode="an episode",
+                          privileged="9" * task.max_privileged_chars(), critic_what="a whole episode and the answer")
 
 
 @dataclass
