@@ -128,7 +128,8 @@ def project_overrides(work: Work, cell: str, seed: int, policy_dir: Path | str) 
 def warm_start_overrides(work: Work) -> list[str]:
     """The one-step grpo run whose weights/policy/0 is every cell's start policy (the experiment's own SFT)."""
     return [f"+experiment={work.experiment}", "advantage=grpo", "steps=1", "eval_every=1", "time_budget_min=0",
-            "log.plots=false", "policy.warm_start.seed=0"]
+            f"inference.prompts_per_step={work.prompts}", f"inference.group_size={work.group}",
+            "log.plots=false", "policy.warm_start.seed=0"]  # grpo needs the work's groups (the recipe's are of 1)
 
 
 def trl_arguments(work: Work, seed: int, output_dir: Path | str) -> dict:

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from bench.common import compose
-from bench.versus_trl import ARITH, SMOLLM, project_overrides, same_work, trl_arguments
+from bench.versus_trl import ARITH, SMOLLM, project_overrides, same_work, trl_arguments, warm_start_overrides
 
 
 @pytest.mark.parametrize("work", [ARITH, SMOLLM], ids=["arith", "smollm"])
@@ -52,6 +52,13 @@ def test_both_sides_are_set_to_the_same_work(work, cell, tmp_path):
     assert cfg.policy.micro_batch_rollouts == work.micro_batch
     # the held-out evaluation's period, nothing sent anywhere
     assert cfg.eval_every == work.eval_every and args["report_to"] == "none"
+
+
+@pytest.mark.parametrize("work", [ARITH, SMOLLM], ids=["arith", "smollm"])
+def test_the_start_policy_s_one_step_run_has_groups_grpo_can_use(work):
+    cfg = compose(warm_start_overrides(work))  # the SmolLM2 recipe samples groups of 1: grpo refuses them
+    assert cfg.advantage.estimator == "grpo" and cfg.inference.group_size == work.group >= 2
+    assert cfg.inference.prompts_per_step == work.prompts and cfg.steps == 1
 
 
 def test_trl_takes_the_arguments_as_given(tmp_path):
