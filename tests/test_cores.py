@@ -37,6 +37,33 @@ def test_the_trainer_borrows_an_idle_lenders_core_and_holds_it_until_it_gives_it
         trainer.give_back(10)
 
 
+def test_a_core_freed_mid_step_is_borrowed_at_the_next_micro_batch_and_kept_to_the_step_s_end(tmp_path):
+    lender = CoreShare(tmp_path, "inference0", 1, 2, lends=True)
+    trainer = always(CoreShare(tmp_path, "policy_trainer", 1, 2))
+    with lender.computing():  # inference's chunk overlaps the step's first micro-batch
+        assert trainer.borrow() == 1
+        assert trainer.borrow() == 1  # its backward: still generating
+    assert trainer.borrow() == 2  # the second micro-batch: the chunk is over
+    assert locked_elsewhere(lender.fd), "the lender could compute beside the borrowed team"
+    assert trainer.borrow() == 2 and trainer.now == 2  # kept for the rest of the step
+    assert trainer.give_back(10) == 2, "the step's most threads"
+    assert trainer.now == 1 and not locked_elsewhere(lender.fd)
+    assert trainer.borrow() == 2 and trainer.give_back(10) == 2  # a new step, the lender idle
+
+
+def test_the_guard_is_asked_once_a_step_however_many_micro_batches(tmp_path):
+    CoreShare(tmp_path, "inference0", 1, 2, lends=True)
+    trainer = CoreShare(tmp_path, "policy_trainer", 1, 2)
+    trainer.guard = BorrowGuard(window=1, gain=1.15, retry=3)
+    trainer.guard.own.append(1.0)
+    trainer.guard.paused = 2  # the next 2 steps on the own threads
+    for _ in range(2):
+        assert [trainer.borrow() for _ in range(4)] == [1, 1, 1, 1]
+        trainer.give_back(1)
+    assert trainer.borrow() == 2, "four micro-batches counted as four paused steps, or the pause never ended"
+    trainer.give_back(1)
+
+
 def test_a_role_that_does_not_lend_counts_as_computing_for_its_whole_life(tmp_path):
     always_busy = CoreShare(tmp_path, "value_trainer", 1, 2)
     CoreShare(tmp_path, "inference0", 1, 2, lends=True)

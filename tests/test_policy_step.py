@@ -115,3 +115,26 @@ def test_direction_gap_counts_micro_batches_as_one_batch():
     _, model, cfg = setup(micro_batch_rollouts=3)
     split = step(model, tok, cfg, batch(model, tok, 1.0))
     assert split["direction_gap"] == pytest.approx(whole["direction_gap"], rel=1e-3)
+
+
+def test_the_step_asks_for_cores_before_each_micro_batch_and_its_backward_and_gives_them_back_once():
+    # topology.lend_idle_cores (launch/cores.py): a core freed mid-step is taken at the next micro-batch; the step's
+    # statistics say the most threads it ran with (what give_back returns)
+    calls = []
+
+    class Cores:
+        def borrow(self):
+            calls.append("borrow")
+            return 1
+
+        def give_back(self, work):
+            calls.append(("give_back", work))
+            return 2
+
+    tok, model, cfg = setup(micro_batch_rollouts=4)
+    rows = batch(model, tok, 1.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.policy.lr, weight_decay=0.0)
+    stats = policy_trainer.train_step(model, optimizer, rows, cfg, tok.pad_token_id, "cpu", cores=Cores())
+    tokens = sum(sum(r["policy_mask"]) for r in rows)
+    assert calls == ["borrow"] * 4 + [("give_back", tokens)], "2 micro-batches: before each forward and backward"
+    assert stats["backward_threads"] == 2

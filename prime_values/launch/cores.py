@@ -5,15 +5,19 @@ Each CPU role of the rl stage keeps one file in `<run>/state/cores/`, named afte
 thread count. While the role computes it holds an exclusive `flock` on its file; a role that lends (an inference
 worker, an evaluator, a value trainer) releases it while it waits and takes it back, waiting if need be, before
 it computes again; any other role holds it for its whole life (the kernel drops it when the process ends).
-Before its backward pass the policy trainer locks every file it can without waiting and runs with
+Before each micro-batch's forward and backward pass the policy trainer, while it runs on its own threads, locks
+every file it can without waiting and runs with
 
     threads = max(its own, cores − Σ threads of the roles it could not lock)
 
 holding the locks it took until its optimizer step is done, so a lender never computes beside a borrowed team:
 OpenMP teams of more threads than free cores wait at every barrier for a descheduled thread, many times slower
-(docs/benchmarks.md, "Versus TRL"). Hand-worked, 2 cores, 1 thread each: inference waiting -> the trainer's
-backward runs on 2 threads; inference generating -> 1; with a value trainer and an evaluator beside them, both
-computing -> max(1, 2 − 2) = 1 whatever inference does.
+(docs/benchmarks.md, "Versus TRL"). Trying again at each micro-batch catches a core freed mid-step: inference's
+chunk starts when the trainer takes a batch, so it overlaps the step's first forward and is often over before the
+step's later micro-batches (`policy.micro_batch_rollouts`). Hand-worked, 2 cores, 1 thread each: inference
+waiting -> the trainer's micro-batch runs on 2 threads, and so does every later one of the step; inference
+generating -> 1; with a value trainer and an evaluator beside them, both computing -> max(1, 2 − 2) = 1 whatever
+inference does.
 
 Processes outside the run are invisible to the locks, so the borrower also times itself (`BorrowGuard`): seconds
 per token of its first `window` steps on its own threads, then of its borrowing steps; while the median borrowing
@@ -86,6 +90,7 @@ class CoreShare:
         self.borrowed: list[int] = []  # open, locked files of idle roles, while the trainer computes with their cores
         self.now = threads  # the thread count set now (borrow / give_back)
         self.guard, self.began, self.lends = BorrowGuard(), 0.0, lends
+        self.stepping, self.trying, self.peak = False, False, threads  # inside a step; the guard said borrow; its most
         if not lends:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
 
@@ -103,11 +108,14 @@ class CoreShare:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def borrow(self) -> int:
-        """The threads to compute with now (see the module docstring); the idle roles' files stay locked until
-        `give_back` when that is more than the role's own."""
-        self.began = time.perf_counter()
-        if not self.guard.wants():
-            return self.threads
+        """The threads to compute with now, called before each part of a step (see the module docstring): the
+        first call of a step starts its clock and asks the guard; once borrowed, the cores are kept until
+        `give_back`, and the idle roles' files stay locked until then."""
+        if not self.stepping:
+            self.stepping, self.began, self.peak = True, time.perf_counter(), self.threads
+            self.trying = self.guard.wants()
+        if not self.trying or self.now > self.threads:
+            return self.now
         busy = 0
         for path in sorted(self.directory.iterdir()):
             if path.name == self.role:
@@ -127,13 +135,18 @@ class CoreShare:
         if threads == self.threads:
             self._release()
         self._set(threads)
+        self.peak = max(self.peak, threads)
         return threads
 
-    def give_back(self, work: float = 1.0) -> None:
-        """The borrowed cores back; `work` (the step's tokens) times the step for `BorrowGuard`."""
-        self.guard.add(self.now > self.threads, (time.perf_counter() - self.began) / max(work, 1e-9))
+    def give_back(self, work: float = 1.0) -> int:
+        """The borrowed cores back; `work` (the step's tokens) times the step for `BorrowGuard` (a step that
+        borrowed for any part counts as borrowing). Returns the most threads the step ran with."""
+        peak = self.peak
+        self.guard.add(peak > self.threads, (time.perf_counter() - self.began) / max(work, 1e-9))
         self._release()
         self._set(self.threads)
+        self.stepping = False
+        return peak
 
     def _release(self) -> None:
         for fd in self.borrowed:
@@ -171,8 +184,10 @@ class NoShare:
 
         return torch.get_num_threads()
 
-    def give_back(self, work: float = 1.0) -> None:
-        pass
+    def give_back(self, work: float = 1.0) -> int:
+        import torch
+
+        return torch.get_num_threads()
 
     def close(self) -> None:
         pass

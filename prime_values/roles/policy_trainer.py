@@ -30,8 +30,8 @@ def train_step(model, optimizer, rows: list[dict], cfg: Config, pad_id: int, dev
                cores=None) -> dict:
     """One optimizer step over the batch (gradient accumulated over micro-batches, token-mean overall), then, with
     `direction` (every `policy.direction_every`th step), the direction diagnostic on the same batch
-    (`direction_after_step`). `cores` (launch.cores, topology.lend_idle_cores): the backward passes and the
-    optimizer step run with the cores no other role is computing on.
+    (`direction_after_step`). `cores` (launch.cores, topology.lend_idle_cores): each micro-batch's forward and
+    backward pass and the optimizer step run with the cores no other role is computing on, borrowed as they free.
 
     With several processes (prime_values.dist) every rank holds the whole batch and trains on its strided
     share of each micro-batch; the loss is scaled so the averaged gradient is the single-process one."""
@@ -45,6 +45,8 @@ def train_step(model, optimizer, rows: list[dict], cfg: Config, pad_id: int, dev
         stats_sum: dict[str, float] = {}
         for begin in range(0, len(rows), size):
             micro, real = dist.share(rows[begin: begin + size])
+            if cores is not None:
+                cores.borrow()
             mask = padded(micro, "policy_mask", torch.bool).to(device)
             sampling = padded(micro, "sampling_logprobs", torch.float32).to(device)
             advantages = padded(micro, "advantages", torch.float32).to(device)
@@ -60,8 +62,8 @@ def train_step(model, optimizer, rows: list[dict], cfg: Config, pad_id: int, dev
             else:
                 loss, stats = ppo_clip_loss(logprobs, sampling, advantages, mask, clip_low=pcfg.clip_low,
                                             clip_high=pcfg.clip_high, kl_coef=pcfg.kl_coef)
-            if cores is not None and begin == 0:  # the forward overlaps inference's chunk; the backward, rarely
-                stats_sum["backward_threads"] = cores.borrow()
+            if cores is not None:  # the first forward overlaps inference's chunk: try again before its backward
+                cores.borrow()
             tokens = mask.sum().item() * real  # a stand-in share (not real) counts no tokens
             weight = tokens / max(total_tokens, 1)  # token-level aggregation across micro-batches and ranks
             (loss * dist.loss_scale(tokens, total_tokens, world)).backward()
@@ -71,8 +73,9 @@ def train_step(model, optimizer, rows: list[dict], cfg: Config, pad_id: int, dev
     try:
         stats = optimizer_step(model, optimizer, accumulate, pcfg.max_grad_norm)
     finally:
-        if cores is not None:
-            cores.give_back(total_tokens)
+        threads = cores.give_back(total_tokens) if cores is not None else None
+    if threads is not None:
+        stats["backward_threads"] = threads  # the most the step ran with
     if not direction:
         return stats
     return {**stats, **direction_after_step(model, seen, pad_id, device, cfg.inference.temperature,
