@@ -7,6 +7,7 @@ loss, optimiser, precision and held-out evaluation (docs/benchmarks.md, "Versus 
     python -m bench.versus_trl --seeds 0 --steps 5 --records /tmp/vt # a smoke, records kept out of the repository
     python -m bench.versus_trl --report                             # table, ratios and the plot from the records
     python -m bench.versus_trl --smollm --seeds 0                   # the SmolLM2 recipe's step time (minutes a step)
+    bash bench/versus_trl_gpu.sh                                    # on a lent GPU: --gpu, vLLM on both sides
 
 Cells (`--cells`, default all of the mode's):
 - `trl`: TRL's GRPOTrainer in a process of its own with `--threads` torch threads (default 2), loading the start
@@ -79,6 +80,7 @@ class Work:
     eval_every: int = 10            # eval_every / the callback's period
     cells: tuple = ("trl", "grpo", "readme")
     step_window: tuple = (1, 100)   # the steps whose median step time is reported
+    device: str = "cpu"             # every role's device (topology=gpu1, inference=vllm) / TRL's (use_vllm colocated)
 
     @property
     def rollouts_per_step(self) -> int:
@@ -88,6 +90,12 @@ class Work:
 ARITH = Work()
 SMOLLM = Work(experiment="smollm", steps=12, prompts=16, group=2, new_tokens=96, temperature=0.7, lr=2e-5,
               precision="bf16-mixed", micro_batch=8, eval_every=12, cells=("trl", "grpo"), step_window=(3, 12))
+# the same recipe on one GPU (bench/versus_trl_gpu.sh): vLLM generates on both sides (the project's inference=vllm,
+# TRL's use_vllm in colocate mode), each side's trainer on the same GPU, a step of 32 x 4 rollouts of up to 256 tokens
+GPU = Work(experiment="smollm", steps=30, prompts=32, group=4, new_tokens=256, temperature=0.7, lr=2e-5,
+           precision="bf16-mixed", micro_batch=0, eval_every=10, cells=("trl", "grpo"), step_window=(3, 30),
+           device="cuda:0")
+VLLM_MEMORY = 0.3  # each side's vLLM share of the GPU's memory (the trainer and, for the project, the roles share it)
 
 DIFFERENCES = [
     "schedule: the project is asynchronous (inference generates up to schedule.max_off_policy = 1 step ahead of the "
@@ -122,14 +130,24 @@ def project_overrides(work: Work, cell: str, seed: int, policy_dir: Path | str) 
             f"policy.clip_low={work.clip}", f"policy.clip_high={work.clip}", "policy.kl_coef=0.0",
             f"policy.dtype={work.precision}", f"policy.micro_batch_rollouts={work.micro_batch}",
             "policy.activation_checkpointing=false", "advantage.grpo_std=false", "advantage.whiten=false",
-            "log.plots=false"]
+            "log.plots=false", *device_overrides(work)]
+
+
+def device_overrides(work: Work) -> list[str]:
+    """A GPU work's: every role on it (topology=gpu1), vLLM sampling with its share of the memory."""
+    if work.device == "cpu":
+        return []
+    return ["topology=gpu1", f"topology.inference_device={work.device}", f"topology.evaluator_device={work.device}",
+            f"topology.policy_trainer_device={work.device}", f"topology.value_trainer_device={work.device}",
+            "inference=vllm", f"+inference.vllm_args.gpu_memory_utilization={VLLM_MEMORY}"]
 
 
 def warm_start_overrides(work: Work) -> list[str]:
     """The one-step grpo run whose weights/policy/0 is every cell's start policy (the experiment's own SFT)."""
     return [f"+experiment={work.experiment}", "advantage=grpo", "steps=1", "eval_every=1", "time_budget_min=0",
             f"inference.prompts_per_step={work.prompts}", f"inference.group_size={work.group}",
-            "log.plots=false", "policy.warm_start.seed=0"]  # grpo needs the work's groups (the recipe's are of 1)
+            "log.plots=false", "policy.warm_start.seed=0",  # grpo needs the work's groups (the recipe's are of 1)
+            *device_overrides(work)]
 
 
 def trl_arguments(work: Work, seed: int, output_dir: Path | str) -> dict:
@@ -138,7 +156,7 @@ def trl_arguments(work: Work, seed: int, output_dir: Path | str) -> dict:
     tokens over their count, as the project's ppo_clip_loss; with one process and no accumulation bnpo is the
     same), advantages R - mean(R of the group) unscaled (scale_rewards none = the project's grpo_std=false),
     AdamW (torch) at a constant lr, no weight decay, clip 1.0, no bf16 unless the work says so, no gradient
-    checkpointing, nothing reported to a hub."""
+    checkpointing, nothing reported to a hub; on a GPU, generation by vLLM colocated with the trainer."""
     per_step = work.rollouts_per_step
     micro = work.micro_batch or per_step
     if per_step % micro:
@@ -151,7 +169,9 @@ def trl_arguments(work: Work, seed: int, output_dir: Path | str) -> dict:
                 mask_truncated_completions=False, learning_rate=work.lr, lr_scheduler_type="constant",
                 warmup_steps=0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
                 optim="adamw_torch", max_grad_norm=work.max_grad_norm, bf16=work.precision == "bf16-mixed",
-                fp16=False, gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="no",
+                fp16=False, gradient_checkpointing=False, use_cpu=work.device == "cpu", report_to="none",
+                save_strategy="no", **({} if work.device == "cpu" else {
+                    "use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": VLLM_MEMORY}),
                 logging_steps=work.eval_every, disable_tqdm=True, shuffle_dataset=False, remove_unused_columns=False,
                 dataloader_num_workers=0, log_completions=False)
 
@@ -336,7 +356,7 @@ def run_trl(spec: dict) -> dict:
     def evaluate(trainer_model, step: int) -> None:
         began = time.perf_counter()
         was_training = trainer_model.training
-        context = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else _null()
+        context = torch.autocast(torch.device(work.device).type, dtype=torch.bfloat16) if bf16 else _null()
         with context:
             accuracy = greedy_accuracy(trainer_model.eval(), tokenizer, task, heldout, work.new_tokens)
         trainer_model.train(was_training)
@@ -543,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common.add_seeds(ap, "0")
     ap.add_argument("--smollm", action="store_true", help="the SmolLM2 recipe's step-time comparison (SMOLLM)")
+    ap.add_argument("--gpu", action="store_true", help="the SmolLM2 recipe on one GPU, vLLM on both sides (GPU; "
+                                                       "bench/versus_trl_gpu.sh)")
     ap.add_argument("--steps", type=int, default=None, help="policy steps (default: the mode's)")
     ap.add_argument("--eval-every", type=int, default=None, help="held-out evaluation period (default: the mode's)")
     ap.add_argument("--cells", default=None, help="comma-separated, of trl, grpo, readme (default: the mode's)")
@@ -559,7 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.trl_cell:
         run_trl(json.loads(args.trl_cell))
         return 0
-    work = SMOLLM if args.smollm else ARITH
+    if args.smollm and args.gpu:
+        ap.error("--smollm and --gpu are two modes: choose one")
+    work = GPU if args.gpu else SMOLLM if args.smollm else ARITH
     changes = {k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every)) if v is not None}
     if args.cells:
         changes["cells"] = tuple(args.cells.split(","))
@@ -568,8 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     work = dataclasses.replace(work, **changes)
     if unknown := [c for c in work.cells if c not in ("trl", "grpo", "readme")]:
         ap.error(f"--cells {','.join(unknown)}: choose from trl, grpo, readme")
-    label = args.label or (work.experiment if not changes.keys() - {"cells"} else
-                           f"{work.experiment}_steps{work.steps}")
+    mode = "smollm_gpu" if args.gpu else work.experiment
+    label = args.label or (mode if not changes.keys() - {"cells"} else f"{mode}_steps{work.steps}")
     if not args.report:
         run_grid(work, args.seeds, list(work.cells), label, args.records, args.out, args.threads, args.force)
     report(args.records, label)

@@ -3,15 +3,15 @@ arguments say the same budget, sampling, loss, optimiser and precision (no TRL t
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 
 import pytest
 
 from bench.common import compose
-from bench.versus_trl import ARITH, SMOLLM, project_overrides, same_work, trl_arguments, warm_start_overrides
+from bench.versus_trl import ARITH, GPU, SMOLLM, project_overrides, same_work, trl_arguments, warm_start_overrides
 
 
-@pytest.mark.parametrize("work", [ARITH, SMOLLM], ids=["arith", "smollm"])
+@pytest.mark.parametrize("work", [ARITH, SMOLLM, GPU], ids=["arith", "smollm", "gpu"])
 @pytest.mark.parametrize("cell", ["grpo", "readme"])
 def test_both_sides_are_set_to_the_same_work(work, cell, tmp_path):
     if cell not in work.cells:
@@ -52,9 +52,14 @@ def test_both_sides_are_set_to_the_same_work(work, cell, tmp_path):
     assert cfg.policy.micro_batch_rollouts == work.micro_batch
     # the held-out evaluation's period, nothing sent anywhere
     assert cfg.eval_every == work.eval_every and args["report_to"] == "none"
+    # the device: every role and TRL on it; vLLM samples on both sides of a GPU work
+    roles = ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device")
+    assert {cfg.topology[r] for r in roles} == {work.device}
+    assert args["use_cpu"] == (work.device == "cpu")
+    assert (cfg.inference.backend == "vllm") == args.get("use_vllm", False) == (work.device != "cpu")
 
 
-@pytest.mark.parametrize("work", [ARITH, SMOLLM], ids=["arith", "smollm"])
+@pytest.mark.parametrize("work", [ARITH, SMOLLM, GPU], ids=["arith", "smollm", "gpu"])
 def test_the_start_policy_s_one_step_run_has_groups_grpo_can_use(work):
     cfg = compose(warm_start_overrides(work))  # the SmolLM2 recipe samples groups of 1: grpo refuses them
     assert cfg.advantage.estimator == "grpo" and cfg.inference.group_size == work.group >= 2
@@ -62,11 +67,12 @@ def test_the_start_policy_s_one_step_run_has_groups_grpo_can_use(work):
 
 
 def test_trl_takes_the_arguments_as_given(tmp_path):
-    """GRPOConfig accepts every argument and keeps what the comparison depends on (where TRL is installed: pip
-    install -e '.[peer]')."""
-    if importlib.util.find_spec("trl") is None:
-        return
+    """GRPOConfig accepts every argument and keeps what the comparison depends on (TRL is in the test extra, at
+    the peer extra's version)."""
     from trl import GRPOConfig
+
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert not set(trl_arguments(GPU, 0, tmp_path / "trl")) - names, "the GPU work names no argument TRL lacks"
 
     for work in (ARITH, SMOLLM):
         given = trl_arguments(work, 0, tmp_path / "trl")
