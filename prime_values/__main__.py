@@ -3,7 +3,9 @@
 
 Before Hydra takes over, the command line is composed once with Hydra's compose API and validated, so a
 misspelled key, a wrong type, an unknown group option or an impossible topology fails in one line, before
-any job is submitted and without a traceback. Heavy imports (torch, transformers) happen in the roles.
+any job is submitted and without a traceback. Every check runs (prime_values.launch.checks registers the ones
+that need the code above the config), once per config in this launch (`config.validating_once`: the stages and
+the conductor find the command line's config validated). Heavy imports (torch, transformers) happen in the roles.
 
 The stages end with an outcome (prime_values.supervisor.Outcome); this is the one place that turns it into the
 exit code (EXIT_CODES):
@@ -22,8 +24,10 @@ import sys
 
 from omegaconf import OmegaConf
 
-from prime_values.config import CONF_DIR, Config, ConfigError, compose, register, validate
+from prime_values.config import CONF_DIR, Config, ConfigError, compose, register, validate, validating_once
 from prime_values.config.task import unknown_key_hint
+from prime_values.launch import checks  # noqa: F401 - registers every config check hook before anything validates
+from prime_values.stages import run_stages
 
 # Hydra flags that take a value and are not overrides.
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp",
@@ -134,7 +138,11 @@ def exit_code(outcome) -> int:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
+    with validating_once():  # the precheck's config, validated here, is not validated again by the stages
+        _main(sys.argv[1:])
+
+
+def _main(argv: list[str]) -> None:
     if not any(a in ("--help", "-h", "--hydra-help") for a in argv):
         problem = precheck(argv)
         if problem:
@@ -143,13 +151,10 @@ def main() -> None:
 
     import hydra
 
-
     register()
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def run(cfg) -> dict:
-        from prime_values.stages import run_stages
-
         outcome = run_stages(cfg)
         if exit_code(outcome):
             sys.exit(exit_code(outcome))

@@ -4,13 +4,18 @@ With the embedded character model a prompt is a handful of tokens; with a real m
 alone is ~40 tokens (SmolLM2's system turn) and a budget chosen for the tiny model can leave no room for the
 response. `check_budget` measures the longest prompt a task renders and says which key to raise: for the embedded
 model in the config check (`check_embedded_budget`: one token per character, the task's longest prompt and
-answer known exactly), for a local model before the jobs start (`check_run_budget`: its tokenizer)."""
+answer known exactly; registered as the config's `budget` check hook), for a local model before the jobs start
+(`check_run_budget`: its tokenizer)."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
+from prime_values.config.base import reported
+from prime_values.config.checks import register_check
+from prime_values.config.derived import fact
+from prime_values.config.root import BUDGET_CHECK
 from prime_values.tasks import TASKS, make_task
 
 
@@ -120,3 +125,11 @@ def check_embedded_budget(cfg, uses_critic: bool = True) -> dict | None:
                         privileged=["x" * task.max_answer_chars()] if ccfg.privileged else None,
                         template=ccfg.template, positions_key="policy.arch.max_position_embeddings",
                         response_tokens=task.max_answer_chars() + 1)
+
+
+@register_check(BUDGET_CHECK)
+def check_config_budget(cfg, environment: bool) -> None:
+    """The config's hook: the embedded model's token budgets (`check_embedded_budget`; critic.max_length only when
+    the run has a critic). A local model's are checked once its tokenizer is at hand, before the jobs start."""
+    with reported(BudgetError):
+        check_embedded_budget(cfg, uses_critic=fact(cfg, "uses_critic"))  # resolved.* is derived after validation

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from omegaconf import OmegaConf
 
 from prime_values.config import load_saved, prepare as prepare_config
-from prime_values.launch import make_executor
+from prime_values.launch import checks as config_checks, make_executor  # noqa: F401 - checks: registers the hooks
 from prime_values.launch.local import LocalLaunch
 from prime_values.launch.slurm import ALLOCATION_ENV, in_allocation
 from prime_values.launch.zygote import ZygoteClient
@@ -46,9 +46,11 @@ if TYPE_CHECKING:
 
 def prepare(cfg: Config, output_dir: str | None = None, launch: LocalLaunch | None = None) \
         -> tuple[RunDir, object, ZygoteClient | None]:
-    """The run directory (`output_dir`, else Hydra's) holding the config `config.prepare` made (validated, 'auto'
-    devices resolved, resolved.* derived); a local attached run's fork server (unless `launch` has one already: the
-    stages') starts last, once nothing here can fail any more (none leaks from a failed prepare)."""
+    """The run directory (`output_dir`, else Hydra's) holding the config `config.prepare` made (validated with
+    every check hook, `config_checks.REGISTRARS`, unless this launch validated it already, 'auto' devices
+    resolved, resolved.* derived): what the roles, the submitter and the allocation's conductor read from then on,
+    never validating it again; a local attached run's fork server (unless `launch` has one already: the stages')
+    starts last, once nothing here can fail any more (none leaks from a failed prepare)."""
     if output_dir is None:
         from hydra.core.hydra_config import HydraConfig
 

@@ -18,8 +18,9 @@ directory (safetensors in float32, the tokenizer with its chat template) and the
   changes). The directory is built under a temporary name and renamed into place whole; converters of the same
   file take a lock and the second one reuses what the first published; a converter killed half-way leaves only a
   temporary directory, removed by the next one.
-- **Bad input**, one line each, before any job starts (``check_source``): a missing file, a package that is not
-  installed, a file that is not a GGUF or is truncated (its tensors run past its end), a missing ``gguf`` package.
+- **Bad input**, one line each, before any job starts (``check_source``, the config's ``policy.gguf`` check
+  hook): a missing file, a package that is not installed, a file that is not a GGUF or is truncated (its tensors
+  run past its end), a missing ``gguf`` package.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ import sys
 import time
 from pathlib import Path
 
+from prime_values.config.base import reported
+from prime_values.config.checks import register_check
+from prime_values.config.policy import GGUF_CHECK, is_gguf
 from prime_values.log.fsutil import fsync_dir, fsync_tree
 
 FORMAT = 1  # bump when the converted directory's content changes: existing conversions are then redone
@@ -45,11 +49,6 @@ DONE = "gguf_source.json"  # written last inside a conversion: what it was made 
 
 class GGUFError(ValueError):
     """A GGUF policy.model that cannot be used; the message is one line naming the key and the fix."""
-
-
-def is_gguf(model: str) -> bool:
-    """Whether policy.model names a GGUF file (a path ending in .gguf, or 'package:file.gguf')."""
-    return str(model).lower().endswith(".gguf")
 
 
 def cache_root(cache_dir: str = "") -> Path:
@@ -137,6 +136,13 @@ def check_source(model: str, cache_dir: str = "", key: str = "policy.model") -> 
             raise GGUFError(f"{key}={model!r} is a GGUF file; converting it needs accelerate: pip install -e "
                             "\".[smollm]\"")
     return target
+
+
+@register_check(GGUF_CHECK)
+def check_policy_model(cfg, environment: bool) -> None:
+    """The config's hook (PolicyConfig.check, on this machine): a GGUF policy.model reads (`check_source`)."""
+    with reported(GGUFError):
+        check_source(cfg.policy.model, cfg.policy.cache_dir)
 
 
 def has_chat_template(model_dir: str | os.PathLike) -> bool | None:

@@ -48,7 +48,9 @@ def sample_and_score(policy, tokenizer, task, problems, num_samples: int, max_ne
     ``batch_size`` caps the rows one decode holds."""
     backend = as_backend(policy)
     if hasattr(task, "rollout"):
-        return task.rollout(backend.model, tokenizer, problems, num_samples=num_samples,
+        # task=vision takes the backend itself (vLLM samples its pictures); the others drive the transformers model
+        player = backend if getattr(task, "rollout_takes_backend", False) else backend.model
+        return task.rollout(player, tokenizer, problems, num_samples=num_samples,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, batch_size=batch_size)
     prompt_ids = encode_prompts(tokenizer, problems)
     completions = backend.sample(prompt_ids, num_samples=num_samples, max_new_tokens=max_new_tokens,

@@ -117,13 +117,13 @@ def test_inference_vllm_without_vllm_is_one_line_before_any_job(tmp_path):
 
 
 def test_inference_backend_checks(monkeypatch):
-    from prime_values import backends
     from prime_values.__main__ import precheck
+    from prime_values.config import inference
 
-    monkeypatch.setattr(backends, "installed", lambda module: False)
-    assert precheck(["+experiment=arith", "inference=vllm"]) == backends.INSTALL_HINT["vllm"]
+    monkeypatch.setattr(inference, "vllm_installed", lambda: False)
+    assert precheck(["+experiment=arith", "inference=vllm"]) == inference.VLLM_INSTALL_HINT
     assert precheck(["+experiment=arith"]) is None  # hf needs nothing optional
-    monkeypatch.setattr(backends, "installed", lambda module: True)
+    monkeypatch.setattr(inference, "vllm_installed", lambda: True)
     assert precheck(["+experiment=arith", "inference=vllm", "topology.inference_tp=2",
                      "+inference.vllm_args.max_model_len=64"]) is None
     assert "only with inference=vllm" in precheck(["+experiment=arith", "topology.inference_tp=2"])
@@ -260,3 +260,97 @@ def test_role_threads_split_the_cores_among_the_cpu_processes(monkeypatch):
     assert two_ranks.resolved.cpu_processes == 5
     two_ranks.topology.policy_trainer_device = "cuda:0"
     assert derive(two_ranks)["cpu_processes"] == 3  # inference, evaluator, value trainer: the ranks are on GPUs
+
+
+def test_every_config_check_hook_is_registered_by_the_module_it_names():
+    """prime_values.launch.checks (what `python -m prime_values` and the conductor import) registers a check for
+    every hook the config declares, each from the module the declaration names."""
+    import inspect
+
+    from prime_values.config.checks import HOOKS, unregistered
+    from prime_values.launch import checks
+
+    assert unregistered() == [] and len(HOOKS) >= 15, [hook.name for hook in unregistered()]
+    for hook in HOOKS.values():
+        assert inspect.getsourcefile(hook.check).endswith(hook.where), (hook.name, hook.where)
+    assert {module.__name__ for module in checks.REGISTRARS} == \
+        {hook.where.removesuffix(".py").replace("/", ".") for hook in HOOKS.values()}
+
+
+def test_a_hook_name_is_declared_once_and_registered_once():
+    from prime_values.config.checks import HOOKS, declare, register_check, require_all, run_check
+
+    name = declare("test.example", "an example", "tests/test_config.py")
+    try:
+        with pytest.raises(ValueError, match="no config check hook 'test.exmaple' is declared"):
+            register_check("test.exmaple")(lambda cfg, environment: None)
+        with pytest.raises(RuntimeError, match=r"test.example \(an example\): tests/test_config.py"):
+            require_all()
+        run_check(name, None, True)  # nothing registered: skipped (config.validate without the launch's checks)
+        seen = []
+
+        @register_check(name)
+        def check(cfg, environment):
+            seen.append((cfg, environment))
+
+        register_check(name)(check)  # the same function again (a reloaded module): fine
+        with pytest.raises(ValueError, match="registered twice"):
+            register_check(name)(lambda cfg, environment: None)
+        run_check(name, "cfg", False)
+        assert seen == [("cfg", False)]
+    finally:
+        del HOOKS[name]
+
+
+def test_importing_the_config_imports_nothing_of_prime_values_above_it():
+    """What tests/test_layering.py reads from the source, in a fresh interpreter: importing prime_values.config (and
+    composing a config) loads no task, backend, launch or model module; prime_values.launch.checks loads those
+    that register the hooks."""
+    code = ("import sys; import prime_values.config as c; c.compose(['+experiment=arith']); "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('prime_values'))))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    loaded = result.stdout.split()
+    above = [m for m in loaded if m != "prime_values" and not m.startswith(
+        ("prime_values.config", "prime_values.algo", "prime_values.importpath"))]
+    assert above == [], above
+    assert "prime_values.config.checks" in loaded
+
+
+def test_one_launch_validates_a_config_once(monkeypatch):
+    """Inside validating_once (python -m prime_values), validate passes at once a config it has validated (the
+    stages and the conductor validate the command line's config again); a changed config is validated again, and
+    outside it every call validates."""
+    from omegaconf import OmegaConf
+
+    from prime_values.config import root, validating_once
+
+    calls = []
+    monkeypatch.setattr(root, "CHECKS", (lambda cfg, environment: calls.append(cfg.steps),))
+    cfg = OmegaConf.structured(Config)
+    with validating_once():
+        validate(cfg, cuda_count=0)
+        validate(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)), cuda_count=0)  # the conductor's copy
+        assert calls == [200]
+        validate(cfg, cuda_count=0, environment=False)  # other checks: validated again
+        changed = OmegaConf.merge(cfg, {"steps": 7})
+        validate(changed, cuda_count=0)
+        assert calls == [200, 200, 7]
+        cfg.policy.lr = -1.0  # a field rule broken after it passed: a different config, refused
+        with pytest.raises(ConfigError, match="policy.lr=-1.0 must be > 0"):
+            validate(cfg, cuda_count=0)
+    cfg.policy.lr = 1e-4
+    validate(cfg, cuda_count=0)
+    assert calls == [200, 200, 7, 200]
+
+
+def test_the_data_config_keeps_for_the_code_above_it_agrees_with_that_code():
+    """Names the config holds so it needs nothing above it: the custom task's option and the reasoning_gym answer
+    formats are the tasks' own."""
+    from prime_values import tasks
+    from prime_values.config import task as task_config
+    from prime_values.tasks import reasoning_gym
+
+    assert task_config.CUSTOM == tasks.CUSTOM
+    assert task_config.ANSWER_FORMATS == tuple(reasoning_gym.ANSWER_FORMATS)
+    assert set(task_config.TASK_NAMES) == set(tasks.TASKS) | {tasks.CUSTOM}

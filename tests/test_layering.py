@@ -22,6 +22,10 @@ Rules (each failure names the module, the line and the import):
    nothing defined); a tool is `python -m prime_values.tools.<tool>` only. A package's `__main__.py` (what
    `python -m <package>` runs) is exempt.
 9. recipes/ holds recipes (markdown) only; scripts live in bench/ or launchers/.
+10. `prime_values/config` imports nothing of prime_values above it, at module level or in a function: only itself
+    and what lies below it (CONFIG_BELOW: the estimator registry's package algo and importpath, which import nothing
+    of prime_values outside themselves). A check that needs the code above config is a hook
+    (prime_values/config/checks.py) that code registers; data config needs lives in config.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ LOWER = ("algo", "log", "weights", "models", "tasks", "critic_io")  # what roles
 BELOW_TOOLS = LOWER + ("roles",)  # none of them imports prime_values.tools
 LOG_FORBIDDEN = ("prime_values.models", "prime_values.roles", "prime_values.tasks", "prime_values.algo", "torch",
                  "transformers", "peft", "vllm")
+CONFIG = "prime_values.config"
+CONFIG_BELOW = ("prime_values.algo", "prime_values.importpath")  # below config: they import nothing of prime_values
+# outside themselves (checked too), so config may use them (the estimator registry, classes named by import path)
 
 
 @dataclass(frozen=True)
@@ -243,7 +250,8 @@ def violations(root: Path, parsed: tuple | None = None) -> dict[str, list[str]]:
     stdlib = set(sys.stdlib_module_names)
     costly = HEAVY | optional_extras(root / "setup.cfg")
     reported: set[tuple[str, int]] = set()  # one message per statement
-    found: dict[str, list[str]] = {"cycles": [], "algo": [], "log": [], "roles": [], "tools": [], "local": []}
+    found: dict[str, list[str]] = {"cycles": [], "algo": [], "log": [], "roles": [], "tools": [], "local": [],
+                                   "config": []}
     for cycle in find_cycles(imports):
         found["cycles"].append(" -> ".join([_module(cycle[0])] + [i.target for i in cycle]) + ": " +
                                "; ".join(i.where() for i in cycle))
@@ -265,6 +273,16 @@ def violations(root: Path, parsed: tuple | None = None) -> dict[str, list[str]]:
                 and imp.target.startswith("prime_values.tools")):
             found["tools"].append(f"{imp.where()}: {importer.split('.')[1]} is below the command-line tools and must "
                                   "not import them")
+        if _within(importer, CONFIG) and _within(imp.target, "prime_values") and not _within(imp.target, CONFIG) \
+                and not any(_within(imp.target, below) for below in CONFIG_BELOW) \
+                and not any(f"(line {imp.line}:" in x and x.startswith(imp.importer + " ") for x in found["config"]):
+            found["config"].append(f"{imp.where()}: config imports nothing of prime_values above it; make the check a "
+                                   "hook (prime_values/config/checks.py) that module registers, or move the data "
+                                   "into config")
+        below = next((b for b in CONFIG_BELOW if _within(importer, b)), None)
+        if below and _within(imp.target, "prime_values") and not _within(imp.target, below):
+            found["config"].append(f"{imp.where()}: {below} is below config and imports nothing of prime_values "
+                                   "outside itself")
         if imp.local and (imp.importer, imp.line) not in reported:
             reported.add((imp.importer, imp.line))
             have = closure.get(importer, set())
@@ -281,6 +299,11 @@ def violations(root: Path, parsed: tuple | None = None) -> dict[str, list[str]]:
                 found["local"].append(f"{imp.where()}: a function-local import brings {why}; import it at the "
                                       "top")
     return found
+
+
+def _within(module: str, package: str) -> bool:
+    """`module` is `package` or one of its submodules."""
+    return module == package or module.startswith(package + ".")
 
 
 def zygote_preloads(root: Path) -> tuple[str, ...]:
@@ -325,6 +348,11 @@ def test_nothing_below_roles_imports_roles():
 def test_nothing_below_the_tools_imports_them():
     _fail_on("tools", "the command-line tools (prime_values/tools) use everything; nothing of algo, log, weights, "
              "models, tasks, critic_io or roles imports them")
+
+
+def test_config_imports_nothing_of_prime_values_above_it():
+    _fail_on("config", "prime_values/config is the bottom layer: it imports nothing of prime_values but itself, algo "
+             "and importpath, at module level or in a function (its checks that need more are hooks: config/checks.py)")
 
 
 def test_function_local_imports_are_for_heavy_or_optional_dependencies():
@@ -433,3 +461,27 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
     assert [x.split(":")[0] for x in local] == ["prime_values.models.build (line 4", "prime_values.models.lora (line 4",
                                                 "prime_values.models.lora (line 5", "prime_values.tasks (line 2"], local
     assert "the standard library" in local[1] and "not imported at module level already" in local[2]
+
+
+def test_the_config_rule_catches_imports_above_it(tmp_path):
+    """config importing a task (at the top), the launch (in a function) or the package root is reported; config
+    importing itself, algo and importpath is not, nor anything above config importing config; algo or importpath
+    importing the rest is."""
+    root = _tree(tmp_path, {
+        "__init__.py": "",
+        "algo/__init__.py": "",
+        "algo/estimators.py": "from prime_values.tasks import x\n",
+        "importpath.py": "import importlib\n",
+        "config/__init__.py": "from prime_values.config.base import y\nfrom prime_values.algo.estimators import z\n"
+                              "from prime_values.importpath import split\nfrom prime_values.tasks import make\n",
+        "config/base.py": "import prime_values\n\ndef check():\n    from prime_values.launch import slurm\n",
+        "launch/__init__.py": "",
+        "launch/slurm.py": "from prime_values.config import base\n",
+        "tasks/__init__.py": "from prime_values.config.base import y\n",
+    })
+    found = violations(root)["config"]
+    assert [x.split(":")[0] for x in found] == ["prime_values.algo.estimators (line 1",
+                                                "prime_values.config (line 4", "prime_values.config.base (line 1",
+                                                "prime_values.config.base (line 4"], found
+    assert "config imports nothing of prime_values above it" in found[1]
+    assert "prime_values.algo is below config" in found[0]

@@ -351,11 +351,12 @@ def test_inference_auto_picks_hf_without_vllm_and_says_why_in_one_line(caplog, m
 
     from prime_values import backends
     from prime_values.backends.hf import HFBackend
-    from prime_values.config import ConfigError, validate
+    from prime_values.config import ConfigError, inference as inference_config, validate
 
     cfg = OmegaConf.structured(Config)
     cfg.inference.backend = "auto"
     monkeypatch.setattr(backends, "installed", lambda module: False)  # a machine without vLLM
+    monkeypatch.setattr(inference_config, "vllm_installed", lambda: False)  # ... as the config check sees it
     assert backends.choose(cfg) == ("hf", "vLLM is not installed (pip install 'prime_values[vllm]' to use it)")
     validate(cfg, cuda_count=0)  # auto never strands a run
     with caplog.at_level(logging.INFO, logger="prime_values.backends"):

@@ -266,9 +266,216 @@ def test_bad_task_settings_name_their_key(kwargs, key):
 @pytest.mark.parametrize("overrides, message", [
     (["task=vision"], "policy.model=tiny .*cannot see; set policy=tiny_vl"),
     (["task=vision", "policy=tiny_vl", "policy.pack_sequences=true"], "set policy.pack_sequences=false"),
-    (["task=vision", "policy=tiny_vl", "inference=vllm"], "use inference=hf"),
     (["task=arith", "policy=tiny_vl"], "policy.model=tiny_vl is the vision-language policy of task=vision"),
 ])
 def test_what_the_pipeline_cannot_run_yet_is_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         compose(["+experiment=embedded", *overrides])
+
+
+# --- bad input: one sentence naming the image or the key, nothing sampled or stored ---------------------------------
+
+def png_of(size: tuple[int, int]) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (255, 255, 255)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+class BadImages(VisionTask):
+    """The counting task whose pictures are `png` instead of its drawings (what a user's task could hand over)."""
+
+    def __init__(self, png: bytes):
+        super().__init__(heldout_size=4)
+        self.png = png
+
+    def image(self, problem):
+        return self.png
+
+
+def rows_of(task, run, store):
+    """What the inference role writes for one chunk of `task` (roles.inference.generate_rows), with `store`."""
+    from prime_values.roles.inference import generate_rows
+
+    cfg = compose(["+experiment=vision"])
+    policy = load_policy(run["root"] / "weights" / "policy" / "0")
+    return generate_rows(task, policy, run["tokenizer"], run["problems"], cfg, 0, 0, "w0", 0, store)
+
+
+@pytest.mark.parametrize("png, message", [
+    (b"\x89PNG\r\n\x1a\n but not a picture", r"image of problem vision-c3-d2-s32:\w+ does not decode as an image "
+                                            r"\(.*\); the task must give PNG bytes"),
+    (png_of((300, 300)), r"image of problem vision-c3-d2-s32:\w+ is 300x300 = 90000 pixels, more than the policy's "
+                         r"image processor reads whole \(max_pixels = 65536, .*\); make the task's images smaller "
+                         r"\(task.size\)"),
+])
+def test_a_task_image_that_does_not_decode_or_is_too_large_is_refused_before_anything_is_stored(run, tmp_path, png,
+                                                                                                message):
+    store = ImageStore(tmp_path / "images")
+    with pytest.raises(ValueError, match=message):
+        rows_of(BadImages(png), run, store)
+    assert not store.root.exists() or not any(store.root.rglob("*")), "a failed chunk left images in the store"
+    with pytest.raises(ValueError, match=message):  # the warm start's and the sft stage's SFT batches alike
+        sft_batch(run["tokenizer"], BadImages(png), run["problems"], load_policy(run["root"] / "weights" / "policy"
+                                                                                / "0").config)
+
+
+def test_the_image_limit_is_the_processors_max_pixels_and_an_image_at_it_is_read_whole(run):
+    from prime_values.tasks.vision import check_image, max_pixels
+
+    config = load_policy(run["root"] / "weights" / "policy" / "0").config
+    assert max_pixels(config) == 256 * 256  # models.vision.image_processor: size['longest_edge']
+    check_image(png_of((256, 256)), config, "at the limit")  # 65536 pixels: read whole, no error
+    assert image_tokens(config, png_of((256, 256))) == (256 // 16) ** 2  # 16-pixel tokens: not downscaled
+    with pytest.raises(ValueError, match="257x256 = 65792 pixels"):
+        check_image(png_of((257, 256)), config, "one column over")
+
+
+def test_a_stored_image_that_hashes_right_but_does_not_decode_is_refused_naming_its_rollout(run, tmp_path):
+    store = ImageStore(tmp_path / "images")
+    digest = store.put(b"GIF89a not an image either")  # its name is its hash: the store's own check passes
+    rows = [{**row, "images": [digest]} for row in run["rows"]]
+    policy = load_policy(run["root"] / "weights" / "policy" / "0")
+    attach_image_store(policy, store)
+    with pytest.raises(ValueError, match=r"image w0-000000-0000 does not decode as a PNG .*delete it"):
+        rollout_logprobs(policy, rows, 0, "cpu", 1.0, pack=False)
+
+
+def test_a_prompt_whose_image_tokens_do_not_match_its_image_is_refused_by_the_sampler(run):
+    from prime_values.models.vision import sample_with_images
+
+    policy = load_policy(run["root"] / "weights" / "policy" / "0")
+    tokenizer, task, problem = run["tokenizer"], run["task"], run["problems"][0]
+    ids, png = task.prompt_ids(tokenizer, policy.config, problem)
+    extra = [ids[0], policy.config.image_token_id, *ids[1:]]  # 5 placeholders for a 4-token image
+    with pytest.raises(ValueError, match=r"rollout 0 has 5 image tokens but its 1 image\(s\) take 4"):
+        sample_with_images(policy, [extra], [[png]], 1, 2, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id, 0)
+    with pytest.raises(ValueError, match=r"rollout 0 has 4 image tokens but its 2 image\(s\) take 8"):
+        sample_with_images(policy, [ids], [[png, png]], 1, 2, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id, 0)
+
+
+def test_a_text_only_policy_given_the_vision_task_is_one_sentence_naming_policy_model(run, tmp_path):
+    from prime_values.models import build_char_tokenizer, build_tiny_policy
+
+    tokenizer = build_char_tokenizer()
+    text_policy = build_tiny_policy(tokenizer, seed=0)
+    store = ImageStore(tmp_path / "images")
+    message = r"task=vision reads images, but the policy is a text-only model \(model_type 'qwen3'\); set policy.model"
+    with pytest.raises(ValueError, match=message):
+        run["task"].rollout(text_policy, tokenizer, run["problems"], num_samples=1, max_new_tokens=2,
+                            temperature=1.0, seed=0)
+    with pytest.raises(ValueError, match=message):
+        sft_batch(tokenizer, run["task"], run["problems"], text_policy.config)
+    # a Qwen2-VL config with a tokenizer that lacks the vision tokens
+    with pytest.raises(ValueError, match=r"has no <\|image_pad\|>.* set policy=tiny_vl"):
+        run["task"].rollout(load_policy(run["root"] / "weights" / "policy" / "0"), tokenizer, run["problems"],
+                            num_samples=1, max_new_tokens=2, temperature=1.0, seed=0)
+    assert not store.root.exists()
+
+
+def test_the_task_samples_through_a_backend_that_reads_images_itself(run):
+    """VisionTask.rollout hands an inference backend with `sample_images` (inference=vllm) the prompts as the
+    trainer lays them out and each prompt's PNG bytes; an hf backend's transformers model samples as before."""
+    from prime_values.backends import as_backend
+
+    policy = load_policy(run["root"] / "weights" / "policy" / "0")
+    calls = []
+
+    class ImageBackend:  # the interface of backends.vllm.VLLMBackend that the task reads
+        config = policy.config
+
+        def sample_images(self, prompts, images, num_samples, max_new_tokens, temperature, eos_id, pad_id, seed):
+            from prime_values.models.vision import sample_with_images
+
+            calls.append((prompts, images))
+            return sample_with_images(policy, prompts, images, num_samples, max_new_tokens, temperature, eos_id,
+                                      pad_id, seed)
+
+    tokenizer, task, problems = run["tokenizer"], run["task"], run["problems"]
+    through = task.rollout(ImageBackend(), tokenizer, problems, num_samples=2, max_new_tokens=4, temperature=1.0,
+                           seed=5)
+    assert calls and calls[0][0] == [task.prompt_ids(tokenizer, policy.config, p)[0] for p in problems]
+    assert calls[0][1] == [[task.image(p)] for p in problems]
+    hf = task.rollout(as_backend(policy), tokenizer, problems, num_samples=2, max_new_tokens=4, temperature=1.0,
+                      seed=5)
+    assert [r.token_ids for r in through] == [r.token_ids for r in hf] == [r.token_ids for r in run["rollouts"]]
+    assert [r.logprobs for r in hf] == [r.logprobs for r in run["rollouts"]]
+
+
+# --- the sft and eval stages ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("data, from_run, message", [
+    ("openai/gsm8k", "", r"sft.data='openai/gsm8k': task=vision trains on pictures, .* use sft.data=task"),
+    ("", "/some/run", r"sft.from_run='/some/run': task=vision trains on pictures, .* use sft.data=task"),
+])
+def test_the_sft_stage_refuses_text_data_for_the_vision_task(data, from_run, message):
+    from types import SimpleNamespace
+
+    from prime_values.stages.sft import SFTDataError, check_image_data
+
+    with pytest.raises(SFTDataError, match=message):
+        check_image_data(VisionTask(heldout_size=4), SimpleNamespace(data=data, from_run=from_run))
+    check_image_data(VisionTask(heldout_size=4), SimpleNamespace(data="task", from_run=""))
+    check_image_data(make_task("arith"), SimpleNamespace(data="openai/gsm8k", from_run=""))
+
+
+# --- the vLLM backend's side of the pictures (what runs before any engine: vLLM itself is in tests/test_gpu.py) -----
+
+def test_placeholder_runs_collapse_to_one_token_each_as_vllm_expands_them():
+    from prime_values.backends.vllm import collapse_placeholders
+
+    s, p, e = 101, 100, 102  # <|vision_start|>, <|image_pad|>, <|vision_end|>
+    assert collapse_placeholders([s, p, p, p, p, e, 40, 41, s, p, p, e, 42], p) == [s, p, e, 40, 41, s, p, e, 42]
+    assert collapse_placeholders([40, 41], p) == [40, 41] and collapse_placeholders([p], p) == [p]
+
+
+def test_the_engine_directory_reads_the_pictures_with_the_trainers_image_processor(run):
+    """backends.vllm.engine_dir: the published version's files linked, and a preprocessor_config.json that
+    transformers loads back as the trainer's processor (the same patches, the same image tokens), where a published
+    version has none and the class defaults (14-pixel patches) would cut the tiny policy's 8-pixel patches wrong."""
+    import shutil
+
+    from transformers import AutoImageProcessor
+
+    from prime_values.backends.vllm import engine_dir
+    from prime_values.models.vision import image_processor
+
+    version = run["root"] / "weights" / "policy" / "0"
+    assert not (version / "preprocessor_config.json").exists()
+    engine = engine_dir(version)
+    try:
+        assert {f.name for f in version.iterdir()} | {"preprocessor_config.json"} == {f.name for f in engine.iterdir()}
+        assert (engine / "model.safetensors").resolve() == (version / "model.safetensors").resolve()
+        config = load_policy(version).config
+        loaded, ours = AutoImageProcessor.from_pretrained(str(engine)), image_processor(config)
+        from PIL import Image
+
+        for size in (32, 48, 64, 100):
+            image = Image.new("RGB", (size, size), (200, 10, 10))
+            a, b = loaded(images=[image], return_tensors="pt"), ours(images=[image], return_tensors="pt")
+            assert a["image_grid_thw"].tolist() == b["image_grid_thw"].tolist()
+            torch.testing.assert_close(a["pixel_values"], b["pixel_values"])
+        assert loaded(images=[Image.new("RGB", (32, 32))], return_tensors="pt")["image_grid_thw"].tolist() == \
+            [[1, 4, 4]]  # 8-pixel patches: 4 image tokens after the 2x2 merge, as image_tokens says
+    finally:
+        shutil.rmtree(engine)
+
+
+def test_the_vllm_backend_refuses_pictures_that_do_not_match_their_placeholders_before_the_engine(run):
+    from prime_values.backends.vllm import VLLMBackend
+
+    cfg = compose(["+experiment=vision"])
+    backend = VLLMBackend(cfg, run["root"] / "weights" / "policy", "cpu")
+    backend.loaded = (run["root"] / "weights" / "policy" / "0").resolve()  # as after an adoption; no engine started
+    tokenizer, task, problem = run["tokenizer"], run["task"], run["problems"][0]
+    prompt, png = task.prompt_ids(tokenizer, backend.config, problem)
+    args = (1, 2, 1.0, tokenizer.eos_token_id, tokenizer.pad_token_id, 0)
+    with pytest.raises(ValueError, match=r"prompt 0 has 1 run\(s\) of image placeholders but 2 image\(s\)"):
+        backend.sample_images([prompt], [[png, png]], *args)
+    with pytest.raises(ValueError, match=r"prompt 0 has 0 run\(s\) of image placeholders but 1 image\(s\)"):
+        backend.sample_images([tokenizer.encode("count red:")], [[png]], *args)
+    with pytest.raises(ValueError, match=r"image 0 of prompt 0 does not decode as a PNG"):
+        backend.sample_images([prompt], [[b"not a picture"]], *args)

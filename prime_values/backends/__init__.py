@@ -7,6 +7,9 @@ A backend holds the policy and follows the published versions; the role loop onl
                             -> list[models.sampling.Completion], grouped by prompt (prompt 0's samples first);
                             `logprobs[i] = log_softmax(logits / temperature)[token_i]` in float32
     backend.model           the transformers model, for tasks that drive their own turns (`task.rollout`); hf only
+    backend.sample_images(prompt_ids, images, ...)
+                            vllm: `sample` with each prompt's pictures (task=vision; the hf backend samples them
+                            through `backend.model`); `backend.config` the version's model config
     backend.close()         stop what the backend started (vLLM's engine processes)
 
 - `hf` (`hf.py`): transformers with the hand-written KV-cache decode loop of `models/sampling.py`, any device.
@@ -15,9 +18,11 @@ A backend holds the policy and follows the published versions; the role loop onl
 - `auto`: `vllm` where it imports, `hf` otherwise (`choose`); each worker logs the choice and the reason in one
   line, so a machine without vLLM never strands a run (the GPU recipes' default, conf/inference/auto.yaml).
 
-`missing(name)` names what a backend needs and is not installed (config validation calls it before any job
-starts: an explicit `inference=vllm` without vLLM fails there in one line naming the extra); `make_backend` builds
-one for the role.
+The config checks the backend before any job starts (prime_values/config/inference.py: an explicit `inference=vllm`
+without vLLM fails there in one line naming the extra; inference=auto's pick without importing anything,
+`auto_backend`, which `choose` follows); `make_backend` builds one for the role. This package imports nothing but
+the standard library at the top (vLLM's worker processes import it): the config package only where a backend is
+chosen.
 """
 
 from __future__ import annotations
@@ -26,15 +31,6 @@ import importlib.util
 import logging
 
 BACKENDS = ("hf", "vllm", "auto")
-
-TURN_TASKS = ("verifiers", "guess", "tools", "vision", "sudoku")
-"""the tasks that drive their own turns (`task.rollout`) through the transformers model: hf only (vision: its
-prompts carry images, which only the hf backend samples with)"""
-
-INSTALL_HINT = {
-    "vllm": "inference=vllm needs vLLM, which is not installed: pip install 'prime_values[vllm]' (pip install -e "
-            "'.[vllm]' in a checkout; on a CPU-only machine see docs/inference.md)",
-}
 
 
 def installed(module: str) -> bool:
@@ -45,29 +41,22 @@ def installed(module: str) -> bool:
         return False
 
 
-def missing(name: str) -> str | None:
-    """One line saying how to install what backend `name` needs, or None when it is there."""
-    if name == "vllm" and not installed("vllm"):
-        return INSTALL_HINT["vllm"]
-    return None
-
-
 def choose(cfg, try_import: bool = True) -> tuple[str, str]:
     """inference.backend=auto: ('vllm' or 'hf', why). vLLM when it is installed and, with `try_import`, really
     imports (a wheel built for another torch or CUDA is installed but raises); the transformers backend otherwise,
-    and always for a task that drives its own turns (TURN_TASKS: its episodes drive the transformers model)."""
-    if cfg.task.name in TURN_TASKS:
-        return "hf", f"task={cfg.task.name} rolls out its episodes through the transformers model"
-    if not installed("vllm"):
-        return "hf", "vLLM is not installed (pip install 'prime_values[vllm]' to use it)"
-    if try_import:
-        try:
-            import vllm
-        except Exception as error:  # noqa: BLE001 - any failure to import means: not usable here
-            said = str(error).splitlines()[0][:160] if str(error) else ""
-            return "hf", f"vLLM is installed but does not import ({type(error).__name__}: {said})"
-        return "vllm", f"vLLM {getattr(vllm, '__version__', '?')} imports"
-    return "vllm", "vLLM is installed"
+    and always for a task that drives its own turns (config.task.TURN_TASKS: its episodes drive the transformers
+    model). Without `try_import`, what the config check says (config.inference.auto_backend)."""
+    from prime_values.config.inference import auto_backend  # the config package (omegaconf): only where chosen
+
+    name, why = auto_backend(cfg, installed("vllm"))
+    if name != "vllm" or not try_import:
+        return name, why
+    try:
+        import vllm
+    except Exception as error:  # noqa: BLE001 - any failure to import means: not usable here
+        said = str(error).splitlines()[0][:160] if str(error) else ""
+        return "hf", f"vLLM is installed but does not import ({type(error).__name__}: {said})"
+    return "vllm", f"vLLM {getattr(vllm, '__version__', '?')} imports"
 
 
 def make_backend(cfg, device: str, policy_root, seed: int = 0, attention=None):

@@ -9,12 +9,19 @@ on top of `Config` (and of the task's own class, `task.py`), so an unknown key o
 composition time; `validate` runs every rule and check (`CHECKS` in root.py: the sections', the task's, the
 embedded model's token budgets, the stages'), and `prepare` makes the config a run saves. The facts derived from
 the keys (`derived.py`) are resolved once when the run is prepared and saved with it.
+
+This package is the bottom layer: it imports nothing of prime_values outside it but the estimator registry
+(prime_values.algo.estimators) and prime_values.importpath, which import nothing of prime_values themselves. The
+checks that need the code above it (a task built, a data set or GGUF file found, the SLURM layout, the embedded
+model's token budgets) are hooks (`checks.py`): declared here where they run, registered by the modules that know
+how, all of them imported by prime_values.launch.checks.
 """
 
 from omegaconf import MISSING  # re-exported for conf authors
 
 from prime_values.config.advantage import AdvantageConfig
 from prime_values.config.base import ConfigError, check_fields, choice, free, ranged
+from prime_values.config.checks import HOOKS, register_check
 from prime_values.config.critic import CriticConfig, CriticWarmStartConfig, WarmupConfig
 from prime_values.config.derived import Resolved, derive, resolve
 from prime_values.config.docs import DOC_HEADER, configuration_doc, field_docs, markdown_reference
@@ -34,6 +41,7 @@ from prime_values.config.root import (
     schema,
     task_class,
     validate,
+    validating_once,
 )
 from prime_values.config.schedule import ScheduleConfig
 from prime_values.config.stages import STAGES, EvalConfig, SFTConfig, check_stages, plan
@@ -49,7 +57,7 @@ from prime_values.config.task import (
 from prime_values.config.topology import TopologyConfig
 from prime_values.config.wandb import WANDB_MODES, WandbConfig, check_wandb
 
-__all__ = ["AdvantageConfig", "ArithTaskConfig", "CHECKS", "CONF_DIR", "Config", "ConfigError", "CriticConfig",
+__all__ = ["AdvantageConfig", "ArithTaskConfig", "CHECKS", "CONF_DIR", "HOOKS", "Config", "ConfigError", "CriticConfig",
            "CriticWarmStartConfig", "DOC_HEADER", "EvalConfig", "InferenceConfig", "LauncherConfig", "LogConfig",
            "LoraSettings", "MISSING", "MathTaskConfig", "PolicyConfig", "ReasoningGymTaskConfig", "ReplayConfig",
            "Resolved", "ReverseTextTaskConfig", "SFTConfig", "STAGES", "ScheduleConfig", "TASK_CONFIGS", "TaskConfig",
@@ -57,4 +65,4 @@ __all__ = ["AdvantageConfig", "ArithTaskConfig", "CHECKS", "CONF_DIR", "Config",
            "WarmupConfig", "check_fields", "check_stages", "check_wandb", "choice", "compose",
            "configuration_doc", "derive",
            "field_docs", "free", "load_saved", "markdown_reference", "plan", "prepare", "ranged", "register",
-           "resolve", "schema", "task_class", "validate"]
+           "register_check", "resolve", "schema", "task_class", "validate", "validating_once"]

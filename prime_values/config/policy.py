@@ -7,9 +7,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List
 
-from prime_values.config.base import ConfigError, choice, free, ranged, reported
+from prime_values.config.base import ConfigError, choice, free, ranged
+from prime_values.config.checks import declare, run_check
 
 ROLE_DEVICES = ("inference", "evaluator", "policy_trainer", "value_trainer")
+
+GGUF_CHECK = declare("policy.gguf", "a GGUF policy.model exists, is a whole GGUF file and the gguf package is there",
+                     "prime_values/gguf.py")
+
+
+def is_gguf(model: str) -> bool:
+    """Whether policy.model names a GGUF file (a path ending in .gguf, or 'package:file.gguf'; prime_values.gguf
+    converts it)."""
+    return str(model).lower().endswith(".gguf")
 
 
 @dataclass
@@ -198,8 +208,6 @@ class PolicyConfig:
     @staticmethod
     def check(cfg, environment: bool) -> None:
         model = cfg.policy.model
-        from prime_values.gguf import GGUFError, check_source as check_gguf, is_gguf
-
         if model == VISION_MODEL:  # what task=vision's check says of the pipeline (config/task.py) applies too
             if cfg.task.name != "vision":
                 raise ConfigError(f"policy.model={VISION_MODEL} is the vision-language policy of task=vision; use "
@@ -207,8 +215,7 @@ class PolicyConfig:
             return
         if is_gguf(model):
             if environment:
-                with reported(GGUFError):
-                    check_gguf(model, cfg.policy.cache_dir)
+                run_check(GGUF_CHECK, cfg, environment)  # the file, read without loading it (prime_values/gguf.py)
         elif environment and model != "tiny" and not Path(model).expanduser().is_dir() and \
                 (path_like(model) or "/" not in model):
             raise ConfigError(f"policy.model={model!r} is neither 'tiny' nor an existing directory; give the path of a "

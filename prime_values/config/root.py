@@ -1,9 +1,12 @@
 """The root of the schema (`Config`: the run-wide keys and one section per module of this package), its
-registration with Hydra, `validate` (each section's rules and checks in turn: `CHECKS`), `prepare` (the config a
-run saves) and `load_saved` (a saved one, on the current schema)."""
+registration with Hydra, `validate` (each section's rules and checks in turn: `CHECKS`; the checks that need the
+code above config run as hooks, prime_values/config/checks.py), `prepare` (the config a run saves), `load_saved`
+(a saved one, on the current schema) and `validating_once` (one launch validates each config once)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,11 +14,11 @@ from typing import List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from prime_values.budget import BudgetError, check_embedded_budget
 from prime_values.config.advantage import AdvantageConfig
-from prime_values.config.base import ConfigError, check_fields, free, ranged, reported
+from prime_values.config.base import ConfigError, check_fields, free, ranged
+from prime_values.config.checks import HOOKS, declare, run_check
 from prime_values.config.critic import CriticConfig
-from prime_values.config.derived import Resolved, derive, resolve
+from prime_values.config.derived import Resolved, resolve
 from prime_values.config.inference import InferenceConfig
 from prime_values.config.launcher import LauncherConfig
 from prime_values.config.log import LogConfig
@@ -24,9 +27,11 @@ from prime_values.config.replay import ReplayConfig
 from prime_values.config.schedule import ScheduleConfig
 from prime_values.config.stages import EvalConfig, SFTConfig, check_stages
 from prime_values.config.task import TASK_CONFIGS, TASK_NAMES, ArithTaskConfig, TaskConfig, owner_of, unknown_key_hint
-from prime_values.config.topology import TopologyConfig
+from prime_values.config.topology import DEVICE_KEYS, TopologyConfig, resolve_devices
 from prime_values.config.wandb import WandbConfig
-from prime_values.launch import DEVICE_KEYS, resolve_devices
+
+BUDGET_CHECK = declare("budget", "the embedded model's token budgets: the task's longest prompt and answer fit",
+                       "prime_values/budget.py")
 
 
 @dataclass
@@ -162,10 +167,44 @@ def _no_unknown_keys(node, schema_node, prefix: str = "") -> None:
             _no_unknown_keys(node[key], schema_node[key], f"{prefix}{key}.")
 
 
+_validated: Optional[set] = None  # inside `validating_once`: what validate has passed
+
+
+@contextlib.contextmanager
+def validating_once():
+    """Inside (one launch: `python -m prime_values`), `validate` passes at once a config it has validated already
+    with the same `cuda_count`, `environment` and registered hooks: the command line's precheck, each stage and the
+    conductor validate the one config once, a multirun point or a changed config (a converted GGUF policy.model,
+    the model an sft stage made) again."""
+    global _validated
+    outer, _validated = _validated, set() if _validated is None else _validated
+    try:
+        yield
+    finally:
+        _validated = outer
+
+
+def _validation_key(cfg, cuda_count: Optional[int], environment: bool) -> Optional[str]:
+    """What makes two validations the same: the keys (interpolations resolved, resolved.* left out), cuda_count,
+    environment and the hooks registered; None when the keys cannot be resolved here (then it validates)."""
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+        plain.pop("resolved", None)
+        hooks = sorted(name for name, hook in HOOKS.items() if hook.check is not None)
+        return json.dumps([plain, cuda_count, environment, hooks], sort_keys=True, default=str)
+    except Exception:  # noqa: BLE001 - an interpolation this process cannot resolve: no shortcut, validate it
+        return None
+
+
 def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) -> None:
     """Checks a type cannot express. Raises ConfigError with one sentence naming the key and what is allowed.
     `environment=False` (`--cfg job`, composing for another machine) leaves out the checks of this machine: the
-    SLURM commands, installed backends and extras, data sets, directories, CUDA devices; they belong to the launch."""
+    SLURM commands, installed backends and extras, data sets, directories, CUDA devices; they belong to the launch.
+    The checks that need the code above config are the hooks registered so far (prime_values/config/checks.py;
+    prime_values.launch.checks registers every one); inside `validating_once` a config passes once."""
+    key = _validation_key(cfg, cuda_count, environment) if _validated is not None else None
+    if key is not None and key in _validated:
+        return
     task = task_class(cfg)
     if isinstance(cfg, DictConfig):
         _no_unknown_keys(cfg, schema(task))
@@ -173,6 +212,8 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
     for check in CHECKS:
         check(cfg, environment)
     TopologyConfig.check_devices(cfg, cuda_count, environment)
+    if key is not None:
+        _validated.add(key)
 
 
 def prepare(cfg, cuda_count: Optional[int] = None) -> DictConfig:
@@ -197,10 +238,9 @@ def _check_task(cfg, environment: bool) -> None:
 
 
 def _check_budget(cfg, environment: bool) -> None:
-    """The embedded model's token budgets (prime_values/budget.py; a local model's are checked once its tokenizer
-    is at hand, before the jobs start)."""
-    with reported(BudgetError):
-        check_embedded_budget(cfg, uses_critic=derive(cfg)["uses_critic"])  # resolved.* is derived later
+    """The embedded model's token budgets (the `budget` hook, prime_values/budget.py; a local model's are checked
+    once its tokenizer is at hand, before the jobs start)."""
+    run_check(BUDGET_CHECK, cfg, environment)
 
 
 def _check_lora(cfg, environment: bool) -> None:
@@ -209,7 +249,8 @@ def _check_lora(cfg, environment: bool) -> None:
 
 
 # Every cross-field check, in the order validate runs them (after every field's own rules): each section's, the
-# task's own rules, the embedded model's token budgets, the stages'. Nothing is validated outside this tuple.
+# task's own rules, the embedded model's token budgets, the stages'. Nothing is validated outside this tuple; the
+# checks that need the code above config run from within them as hooks (prime_values/config/checks.py).
 CHECKS = (LauncherConfig.check, CriticConfig.check, PolicyConfig.check, PolicyConfig.check_attention,
           TinyArch.check, AdvantageConfig.check, InferenceConfig.check, ReplayConfig.check, _check_task, _check_budget,
           _check_lora, ScheduleConfig.check, TopologyConfig.check, EvalConfig.check, WandbConfig.check, check_stages,

@@ -1,6 +1,7 @@
 """`stages`, `stage`, `sft.*` and `eval.*`: which stages run, and the settings of the sft and eval stages
 (stages: [sft, rl, eval]; docs/stages.md). Their rules (`check_stages`, `SFTConfig.check`, `EvalConfig.check`)
-are config checks like every section's (root.CHECKS)."""
+are config checks like every section's (root.CHECKS); whether sft.data can be found is the `sft.data` hook
+(prime_values/tasks/checks.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from prime_values.config.base import ConfigError, free, ranged, reported
-from prime_values.tasks.math import MathDataError, resolve_source
+from prime_values.config.base import ConfigError, free, ranged
+from prime_values.config.checks import declare, run_check
 
 STAGES = ("sft", "rl", "eval")
+
+SFT_DATA_CHECK = declare("sft.data", "sft.data (a file, directory or hub dataset name) can be found",
+                         "prime_values/tasks/checks.py")
 
 
 def plan(cfg) -> list[str]:
@@ -99,8 +103,7 @@ class SFTConfig:
                 raise ConfigError(f"sft.from_run={sft.from_run!r} has no log/rollouts; point it at the run directory "
                                   "of an earlier run")
         elif sft.data != "task":
-            with reported(MathDataError):
-                resolve_source(sft.data, "sft.data", cfg.task.get("data_cache_dir"))
+            run_check(SFT_DATA_CHECK, cfg, environment)  # found as the math task finds its data
 
 
 @dataclass

@@ -9,20 +9,40 @@ import importlib.util
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, Optional
 
-from prime_values import backends
-from prime_values.config.base import ConfigError, choice, free, ranged, reported
-from prime_values.tasks import CUSTOM, make_task, user_task_arguments, user_task_class
-from prime_values.tasks.math import MathDataError, check_settings as check_math_settings, resolve_source
-from prime_values.tasks.pool import PromptPool
-from prime_values.tasks.reasoning_gym import (
-    ANSWER_FORMATS,
-    ReasoningGymError,
-    check_chat_source,
-    check_settings as check_gym_settings,
-)
+from prime_values.config.base import ConfigError, choice, free, ranged
+from prime_values.config.checks import declare, run_check
+
+CUSTOM = "custom"
+"""the `task` group option whose class `task.target` names (prime_values.tasks.CUSTOM, the same name)"""
 
 TASK_NAMES = ("arith", "guess", "tools", "reverse_text", "math", "reasoning_gym", "verifiers", "vision", "sudoku",
               CUSTOM)
+
+TURN_TASKS = ("verifiers", "guess", "tools", "sudoku")
+"""the tasks that drive their own turns (`task.rollout`) through the transformers model: inference=hf only
+(vision: its prompts carry images, which only the hf backend samples with); prime_values.backends.choose reads it"""
+
+ANSWER_FORMATS = ("boxed", "answer_line")
+"""task.answer_format's choices: the names of prime_values.tasks.reasoning_gym.ANSWER_FORMATS (the instruction
+each adds to the prompt lives there)"""
+
+_TASK_HOOKS = {
+    "arith": "the task builds (its check_settings, its held-out set, task.train_pool)",
+    "guess": "the task builds; a guess and a whole game fit the token budgets",
+    "tools": "the task builds; a call and a whole episode fit the token budgets",
+    "reverse_text": "the task builds (its rules, its held-out set, task.train_pool)",
+    "math": "the prompt rules; math-verify and datasets are installed; task.data and task.heldout_data exist",
+    "reasoning_gym": "the generator, its settings and the chat template's source",
+    "verifiers": "the environment task.env_id resolves",
+    "vision": "the task builds (its check_settings and its held-out set)",
+    "sudoku": "the task builds; a move and a whole game fit the token budgets",
+    CUSTOM: "task.target imports and is a task, task.args fit it, its turns' backend; the task builds",
+}
+assert set(_TASK_HOOKS) == set(TASK_NAMES)
+TASK_CHECKS = {name: declare(f"task.{name}", what, "prime_values/tasks/checks.py")
+               for name, what in _TASK_HOOKS.items()}
+"""the hook of each task (`task.<name>`, registered by prime_values/tasks/checks.py): its rules that need the task's
+own code, run by its config class's check before the rules of the config alone"""
 
 
 @dataclass
@@ -49,20 +69,8 @@ class TaskConfig:
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        """The task's own cross-field checks (each task class has its own)."""
-
-    @staticmethod
-    def check_build(cfg) -> None:
-        """Build the task here, before any job (a procedural task is cheap to build): its constructor's own rules
-        (prime_values/tasks) and, with task.train_pool, that many distinct problems exist."""
-        try:
-            task = make_task(**cfg.task)
-            if cfg.task.train_pool:
-                PromptPool(task, cfg.task.train_pool, cfg.task.seed)
-        except ValueError as error:
-            message = str(error)
-            where = f"task.target={cfg.task.target}" if cfg.task.name == CUSTOM else f"task ({cfg.task.name})"
-            raise ConfigError(message if message.startswith("task.") else f"{where}: {message}") from None
+        """The task's own cross-field checks (each task class has its own: its hook, `TASK_CHECKS`, then the rules
+        of the config alone)."""
 
 
 @dataclass
@@ -88,7 +96,7 @@ class ArithTaskConfig(TaskConfig):
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        TaskConfig.check_build(cfg)  # ArithTask's rules (check_settings), its held-out set, task.train_pool
+        run_check(TASK_CHECKS["arith"], cfg, environment)  # ArithTask's rules, its held-out set, task.train_pool
 
 
 @dataclass
@@ -112,25 +120,7 @@ class GuessTaskConfig(TaskConfig):
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        TaskConfig.check_build(cfg)  # GuessTask's rules (check_settings)
-        task = make_task(**cfg.task)
-        if cfg.inference.max_new_tokens <= task.max_answer_chars():
-            raise ConfigError(f"inference.max_new_tokens={cfg.inference.max_new_tokens} cannot hold a "
-                              f"{task.max_answer_chars()}-digit guess and its eos; raise it above "
-                              f"{task.max_answer_chars()}")
-        if str(cfg.policy.model) != "tiny":
-            return
-        longest = task.max_trace_chars() + cfg.inference.max_new_tokens
-        positions = cfg.policy.arch.max_position_embeddings
-        if longest > positions:
-            raise ConfigError(f"task=guess: a game of task.max_turns={task.max_turns} turns takes up to {longest} "
-                              f"tokens, more than policy.arch.max_position_embeddings={positions}; lower "
-                              "task.max_turns or raise policy.arch.max_position_embeddings")
-        critic_longest = task.max_trace_chars() + len(cfg.critic.template) + len(str(task.max_number))
-        if cfg.critic.max_length < critic_longest:
-            raise ConfigError(f"task=guess: the critic's input (a whole game and the secret) takes up to "
-                              f"{critic_longest} tokens, more than critic.max_length={cfg.critic.max_length}; "
-                              "raise critic.max_length")
+        run_check(TASK_CHECKS["guess"], cfg, environment)  # GuessTask's rules, a guess and a game in the budgets
 
 
 @dataclass
@@ -157,33 +147,7 @@ class SudokuTaskConfig(TaskConfig):
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        TaskConfig.check_build(cfg)  # SudokuTask's rules (check_settings)
-        check_turn_budget(cfg, make_task(**cfg.task), what="a move of task=sudoku ('12=3', {n} characters)",
-                          episode="a game", privileged="1234/3412/2143/4321",
-                          critic_what="a whole game and the solution")
-
-
-def check_turn_budget(cfg, task, what: str, episode: str, privileged: str, critic_what: str) -> None:
-    """The token budgets of a task that drives its own turns (task=sudoku, task=tools): a turn holds the longest
-    answer and its eos; on the embedded model a whole episode fits its positions, and the critic's input (the
-    episode and `privileged`, the longest privileged text) fits critic.max_length. `what` names the answer ({n}:
-    its characters), `episode` an episode, `critic_what` the critic's input, in the one-line errors."""
-    name, new, most = cfg.task.name, cfg.inference.max_new_tokens, task.max_answer_chars()
-    if new <= most:
-        raise ConfigError(f"inference.max_new_tokens={new} cannot hold {what.format(n=most)} and its eos; raise it "
-                          f"above {most}")
-    if str(cfg.policy.model) != "tiny":
-        return
-    longest, positions = task.max_trace_chars(new), cfg.policy.arch.max_position_embeddings
-    if longest > positions:
-        raise ConfigError(f"task={name}: {episode} of task.max_turns={task.max_turns} turns of "
-                          f"inference.max_new_tokens={new} takes up to {longest} tokens, more than "
-                          f"policy.arch.max_position_embeddings={positions}; lower task.max_turns or raise "
-                          "policy.arch.max_position_embeddings")
-    critic_longest = longest + len(cfg.critic.template.format(privileged=privileged))
-    if cfg.critic.max_length < critic_longest:
-        raise ConfigError(f"task={name}: the critic's input ({critic_what}) takes up to {critic_longest} tokens, "
-                          f"more than critic.max_length={cfg.critic.max_length}; raise critic.max_length")
+        run_check(TASK_CHECKS["sudoku"], cfg, environment)  # SudokuTask's rules, a move and a game in the budgets
 
 
 @dataclass
@@ -201,7 +165,7 @@ class ReverseTextTaskConfig(TaskConfig):
     @staticmethod
     def check(cfg, environment: bool) -> None:
         task = cfg.task
-        TaskConfig.check_build(cfg)  # ReverseTextTask's rules, its held-out set, task.train_pool
+        run_check(TASK_CHECKS["reverse_text"], cfg, environment)  # ReverseTextTask's rules, held-out set, train_pool
         if cfg.inference.max_new_tokens <= task.max_chars:
             raise ConfigError(f"inference.max_new_tokens={cfg.inference.max_new_tokens} cannot hold a "
                               f"{task.max_chars}-character answer and its eos; raise it above task.max_chars")
@@ -250,17 +214,7 @@ class MathTaskConfig(VerifiedTaskConfig):
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        with reported(MathDataError):  # the rules MathTask checks before it loads its data
-            check_math_settings(cfg.task.prompt_template, cfg.task.heldout_size)
-        if not environment:
-            return
-        if importlib.util.find_spec("math_verify") is None or importlib.util.find_spec("datasets") is None:
-            raise ConfigError("task.name=math needs math-verify and datasets: pip install 'prime_values[math]' "
-                              "(or pip install -e '.[math]' in a checkout)")
-        for key in ("data", "heldout_data"):
-            if key == "data" or cfg.task[key]:
-                with reported(MathDataError):
-                    resolve_source(cfg.task[key], f"task.{key}", cfg.task.data_cache_dir)
+        run_check(TASK_CHECKS["math"], cfg, environment)  # MathTask's rules; here: the extras and the data
 
 
 @dataclass
@@ -289,16 +243,10 @@ class ReasoningGymTaskConfig(VerifiedTaskConfig):
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        task = cfg.task
         if importlib.util.find_spec("math_verify") is None:
             raise ConfigError("task.name=reasoning_gym needs math-verify: pip install 'prime_values[reasoning_gym]' "
                               "(or pip install -e '.[reasoning_gym]' in a checkout)")
-        with reported(ReasoningGymError):  # the rules ReasoningGymTask checks before it generates problems
-            check_gym_settings(task.dataset, task.prompt_template, task.answer_format, task.dataset_size,
-                               task.heldout_size, task.chat, task.chat_tokenizer)
-        if task.chat:
-            with reported(ReasoningGymError):
-                check_chat_source(task.chat_tokenizer)
+        run_check(TASK_CHECKS["reasoning_gym"], cfg, environment)  # ReasoningGymTask's rules, the chat source
 
 
 @dataclass
@@ -340,12 +288,8 @@ class VerifiersTaskConfig(TaskConfig):
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        if not environment:
-            return
-        from prime_values.tasks.verifiers_env import VerifiersUnavailable, check_env_id
-
-        with reported(VerifiersUnavailable):
-            check_env_id(cfg.task.env_id, cfg.task.env_class)
+        if environment:
+            run_check(TASK_CHECKS["verifiers"], cfg, environment)  # the environment task.env_id resolves
 
 
 @dataclass
@@ -366,22 +310,7 @@ class CustomTaskConfig(TaskConfig):
         """The class imports and has every member of a task, task.args fit its constructor, and where it plays its
         own turns the inference backend is hf; on this machine (`environment`) the task is built, as the roles
         will build it (with task.train_pool, that many distinct problems exist)."""
-        task = cfg.task
-        try:
-            cls = user_task_class(task.target)
-            user_task_arguments(cls, task.target, task.args, task.heldout_size, task.seed)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-        if hasattr(cls, "rollout"):
-            backend = cfg.inference.backend
-            if backend == "auto":
-                backend = backends.choose(cfg, try_import=False)[0]
-            if backend == "vllm":
-                raise ConfigError(f"task.target={task.target} plays its own turns (it has rollout) through the "
-                                  f"transformers model; use inference=hf with it (inference={cfg.inference.backend} "
-                                  "samples single-turn replies through vLLM)")
-        if environment:
-            TaskConfig.check_build(cfg)
+        run_check(TASK_CHECKS[CUSTOM], cfg, environment)
 
 
 @dataclass
@@ -414,10 +343,7 @@ class ToolsTaskConfig(TaskConfig):
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        TaskConfig.check_build(cfg)  # ToolsTask's rules (check_settings)
-        task = make_task(**cfg.task)
-        check_turn_budget(cfg, task, what="the longest call of task=tools ({n} characters)", episode="an episode",
-                          privileged="9" * task.max_privileged_chars(), critic_what="a whole episode and the answer")
+        run_check(TASK_CHECKS["tools"], cfg, environment)  # ToolsTask's rules, a call and an episode in the budgets
 
 
 @dataclass
@@ -434,7 +360,7 @@ class VisionTaskConfig(TaskConfig):
 
     @staticmethod
     def check(cfg, environment: bool) -> None:
-        TaskConfig.check_build(cfg)  # VisionTask's rules and its held-out set
+        run_check(TASK_CHECKS["vision"], cfg, environment)  # VisionTask's rules and its held-out set
         if cfg.policy.model == "tiny":
             raise ConfigError("task=vision reads images, which policy.model=tiny (a text-only model) cannot see; "
                               "set policy=tiny_vl")

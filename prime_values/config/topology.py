@@ -1,15 +1,70 @@
-"""`topology.*`: which role runs where and in how many processes; the device checks of this machine."""
+"""`topology.*`: which role runs where and in how many processes; the device checks of this machine; what the
+keys say of the rl stage's role jobs (`pipeline_slots`, `role_procs`, `role_gpus`: the launch names and starts
+them, prime_values.launch.topology) and the 'auto' devices resolved (`resolve_devices`)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from prime_values.config.base import ConfigError, choice, free, ranged
 from prime_values.config.policy import ROLE_DEVICES
 
 DEVICE = "'cpu', 'auto' or 'cuda:<index>' of this machine: TopologyConfig.check_devices"
+
+DEVICE_KEYS = tuple(f"{role}_device" for role in ROLE_DEVICES)
+"""topology's device keys, in the order 'auto' devices take GPUs (`resolve_devices`)"""
+
+
+def role_procs(topology, role: str) -> int:
+    """Processes of a role's job: topology.<role>_procs for the trainers (FSDP2, prime_values.dist), else 1."""
+    return int(topology.get(f"{role}_procs", 1)) if role in ("policy_trainer", "value_trainer") else 1
+
+
+def role_gpus(topology, role: str) -> int:
+    """GPUs of a role's job on a GPU device: one per process, and an inference worker's topology.inference_tp."""
+    return int(topology.get("inference_tp", 1)) if role == "inference" else role_procs(topology, role)
+
+
+class RoleSlot(NamedTuple):
+    """One role job of the rl stage as the keys give it: its role (prime_values.roles.ENTRYPOINTS), its device, and
+    the worker's or evaluator's index (None for the others)."""
+
+    role: str
+    device: str
+    index: Optional[int] = None
+
+
+def pipeline_slots(topology, with_critic: bool, value_trainer: bool = True) -> list[RoleSlot]:
+    """Every role job the rl stage runs at once (the warm start runs before them), in start order
+    (prime_values.launch.topology.pipeline_roles names them). `value_trainer`: False for the oracle critic
+    (critic.oracle_samples: evaluators, no value trainer)."""
+    slots = [RoleSlot("inference", topology.inference_device, w) for w in range(topology.inference_workers)]
+    if with_critic and topology.evaluator == "dedicated":
+        slots += [RoleSlot("evaluator", topology.evaluator_device, i) for i in range(topology.evaluators)]
+    slots += [RoleSlot("orchestrator", "cpu"), RoleSlot("policy_trainer", topology.policy_trainer_device)]
+    if with_critic and value_trainer:
+        slots.append(RoleSlot("value_trainer", topology.value_trainer_device))
+    return slots
+
+
+def resolve_devices(topology, cuda_count: int) -> None:
+    """Replace 'auto' devices in place: one GPU per role in a fixed order while GPUs last, else the CPU (a
+    trainer with N processes takes N consecutive GPUs, or the CPU when fewer than N are left)."""
+    next_gpu = 0
+    for key in DEVICE_KEYS:
+        if topology[key] != "auto":
+            continue
+        if key == "evaluator_device" and topology.evaluator == "colocated":
+            topology[key] = "cpu"  # unused: the evaluator is served inside the value trainer
+            continue
+        need = role_gpus(topology, key.removesuffix("_device"))
+        if next_gpu + need <= cuda_count:
+            topology[key] = f"cuda:{next_gpu}"
+            next_gpu += need
+        else:
+            topology[key] = "cpu"
 
 
 @dataclass
@@ -46,8 +101,9 @@ class TopologyConfig:
     lend_idle_cores: bool = True
     """with the local launcher, every role on the CPU and the threads left to auto (no OMP_NUM_THREADS,
     threads_per_role and policy_trainer_threads 0) and one policy trainer process: an inference worker lends its
-    cores while it waits, and the policy trainer's backward pass borrows them (launch/cores.py: never more threads
-    than the cores no other role is computing on). false: the static split of threads_per_role"""
+    cores while it waits, and the policy trainer borrows them before each micro-batch, keeping them to the step's
+    end (launch/cores.py: never more threads than the cores no other role is computing on). false: the static split
+    of threads_per_role"""
     solo_threads_slowdown: float = ranged(3.0, ">= 0")
     """the warm start runs alone with every core's thread (launch.solo_threads), but where other processes share the
     cores one descheduled thread stalls the whole OpenMP team at every barrier; so it times its SFT and critic

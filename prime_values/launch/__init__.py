@@ -10,28 +10,20 @@ from pathlib import Path
 
 import psutil
 
-from prime_values.launch.topology import role_gpus
 from prime_values.roles import ENTRYPOINTS
 
-DEVICE_KEYS = ("inference_device", "evaluator_device", "policy_trainer_device", "value_trainer_device")
+FROM_CONFIG = ("resolve_devices", "role_gpus")
+"""names read from here that are the config's (prime_values/config/topology.py: 'auto' devices resolved, GPUs per
+job), imported when first read (`__getattr__`): the launch package's base imports the standard library and psutil
+only, so the tools that read a run directory start without the config"""
 
 
-def resolve_devices(topology, cuda_count: int) -> None:
-    """Replace 'auto' devices in place: one GPU per role in a fixed order while GPUs last, else the CPU (a
-    trainer with N processes takes N consecutive GPUs, or the CPU when fewer than N are left)."""
-    next_gpu = 0
-    for key in DEVICE_KEYS:
-        if topology[key] != "auto":
-            continue
-        if key == "evaluator_device" and topology.evaluator == "colocated":
-            topology[key] = "cpu"  # unused: the evaluator is served inside the value trainer
-            continue
-        need = role_gpus(topology, key.removesuffix("_device"))
-        if next_gpu + need <= cuda_count:
-            topology[key] = f"cuda:{next_gpu}"
-            next_gpu += need
-        else:
-            topology[key] = "cpu"
+def __getattr__(name: str):
+    if name in FROM_CONFIG:
+        from prime_values.config import topology  # the config package (omegaconf): only where it is read
+
+        return getattr(topology, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class RoleEntry:

@@ -19,10 +19,14 @@ from typing import Any
 
 import submitit
 
+from prime_values.config.base import ConfigError
+from prime_values.config.checks import register_check
 from prime_values.config.critic import trains_critic
-from prime_values.config.derived import derive
+from prime_values.config.derived import fact
+from prime_values.config.launcher import FIT_CHECK, PLACEMENT_CHECK
+from prime_values.config.topology import role_gpus, role_procs
 from prime_values.launch.local import _tail, last_error_line, result_error, signal_name
-from prime_values.launch.topology import pipeline_roles, role_gpus, role_procs
+from prime_values.launch.topology import pipeline_roles
 
 # SLURM job states in which a job will not run again; everything else (PENDING, RUNNING, COMPLETING, a
 # PREEMPTED job that may be requeued, UNKNOWN) counts as live, as in submitit.
@@ -263,7 +267,7 @@ def placement_problem(cfg) -> str | None:
                 return (f"launcher.placement.{role}={list(where)}: topology.{role}_procs={procs} processes do not "
                         f"split evenly over {len(where)} nodes; make it a multiple of {len(where)}")
     if nodes > 1:
-        used = {n for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"], trains_critic(cfg))
+        used = {n for spec in pipeline_roles(cfg.topology, fact(cfg, "uses_critic"), trains_critic(cfg))
                 for n in role_nodes(cfg, spec.role)} | {0}
         idle = [n for n in range(nodes) if n not in used]
         if idle:
@@ -276,8 +280,8 @@ def placement_problem(cfg) -> str | None:
 def pipeline_processes(cfg) -> list[tuple[str, int, int]]:
     """(role job, processes, GPUs) of every role the rl stage runs at once (the warm start runs before them)."""
     topo = cfg.topology
-    # also before the run is prepared (validate)
-    roles = pipeline_roles(topo, derive(cfg)["uses_critic"], trains_critic(cfg))
+    # also before the run is prepared (validate): `fact` derives what resolved.* does not hold yet
+    roles = pipeline_roles(topo, fact(cfg, "uses_critic"), trains_critic(cfg))
     return [(spec.name, role_procs(topo, spec.role), role_gpus(topo, spec.role) if str(spec.device).startswith("cuda")
              else 0) for spec in roles]
 
@@ -288,7 +292,7 @@ def pipeline_layout(cfg) -> list[dict]:
     nodes = int(cfg.launcher.get("nodes", 1))
     layout = [{"roles": [], "procs": 0, "gpus": 0} for _ in range(nodes)]
     roles = {spec.name: spec.role
-             for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"], trains_critic(cfg))}
+             for spec in pipeline_roles(cfg.topology, fact(cfg, "uses_critic"), trains_critic(cfg))}
     for name, procs, gpus in pipeline_processes(cfg):
         where = role_nodes(cfg, roles[name])
         for n in where:
@@ -377,6 +381,22 @@ def fit_problem(request: dict, partition: str | None) -> str | None:
             f"another launcher.partition")
 
 
+@register_check(PLACEMENT_CHECK)
+def check_placement(cfg, environment: bool) -> None:
+    """The config's hook (launcher=slurm): `placement_problem` as a ConfigError."""
+    problem = placement_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
+
+
+@register_check(FIT_CHECK)
+def check_fit(cfg, environment: bool) -> None:
+    """The config's hook (launcher=slurm, on a login node): a node of the partition can hold the pipeline."""
+    problem = fit_problem(pipeline_request(cfg), cfg.launcher.partition)
+    if problem:
+        raise ConfigError(problem)
+
+
 def step_command(name: str, tasks: int, gpus: int, cpus: int, nodes: list[int] | None = None) -> list[str]:
     """The srun prefix that starts a role's controller as a step of this allocation. --overlap: the roles share
     the allocation's CPUs (a role is mostly waiting); it asks for no GPUs: `--overlap` shares GRES too, so two
@@ -407,7 +427,7 @@ def gpu_offsets(cfg) -> dict[str, int]:
     for (`pipeline_processes`), each role the next ones free on its nodes (a role over several nodes the same
     positions on each); the warm start, which runs alone before them, from 0."""
     roles = {spec.name: spec.role
-             for spec in pipeline_roles(cfg.topology, derive(cfg)["uses_critic"], trains_critic(cfg))}
+             for spec in pipeline_roles(cfg.topology, fact(cfg, "uses_critic"), trains_critic(cfg))}
     offsets, free_from = {"warm_start": 0}, {}
     for name, _, gpus in pipeline_processes(cfg):
         if gpus:

@@ -1,5 +1,7 @@
-"""Processes and GPUs of a role's job, from the topology (used by the local and the SLURM launch alike; standard
-library only, like the rest of the launch package's base)."""
+"""The role jobs of the rl stage, named (used by the local and the SLURM launch alike): the config says which roles
+run where and in how many processes (prime_values/config/topology.py: `pipeline_slots`, `role_procs`, `role_gpus`),
+this module gives each its job name and arguments. Like the rest of the launch package's base it imports the
+standard library only at the top: the config's names are imported where they are first used."""
 
 from __future__ import annotations
 
@@ -7,15 +9,16 @@ from typing import NamedTuple
 
 from prime_values.roles import evaluator_name
 
-
-def role_procs(topology, role: str) -> int:
-    """Processes of a role's job: topology.<role>_procs for the trainers (FSDP2, prime_values.dist), else 1."""
-    return int(topology.get(f"{role}_procs", 1)) if role in ("policy_trainer", "value_trainer") else 1
+FROM_CONFIG = ("role_gpus", "role_procs")
+"""names read from here that are the config's (`__getattr__` imports them when first read)"""
 
 
-def role_gpus(topology, role: str) -> int:
-    """GPUs of a role's job on a GPU device: one per process, and an inference worker's topology.inference_tp."""
-    return int(topology.get("inference_tp", 1)) if role == "inference" else role_procs(topology, role)
+def __getattr__(name: str):
+    if name in FROM_CONFIG:
+        from prime_values.config import topology  # the config package (omegaconf): only where it is read
+
+        return getattr(topology, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class RoleSpec(NamedTuple):
@@ -27,17 +30,17 @@ class RoleSpec(NamedTuple):
     args: tuple = ()
 
 
+def _name(role: str, index: int | None) -> str:
+    if role == "inference":
+        return f"inference{index}"
+    return evaluator_name(index) if role == "evaluator" else role
+
+
 def pipeline_roles(topology, with_critic: bool, value_trainer: bool = True) -> list[RoleSpec]:
     """Every role job the rl stage runs at once (the warm start runs before them), in start order: the one list
     the supervisor starts and the SLURM allocation is sized for. `value_trainer`: False for the oracle critic
     (critic.oracle_samples: evaluators, no value trainer)."""
-    roles = [RoleSpec(f"inference{w}", "inference", topology.inference_device, (w,))
-             for w in range(topology.inference_workers)]
-    if with_critic and topology.evaluator == "dedicated":
-        roles += [RoleSpec(evaluator_name(i), "evaluator", topology.evaluator_device, (i,))
-                  for i in range(topology.evaluators)]
-    roles += [RoleSpec("orchestrator", "orchestrator", "cpu"),
-              RoleSpec("policy_trainer", "policy_trainer", topology.policy_trainer_device)]
-    if with_critic and value_trainer:
-        roles.append(RoleSpec("value_trainer", "value_trainer", topology.value_trainer_device))
-    return roles
+    from prime_values.config.topology import pipeline_slots  # which roles the keys give (the config package)
+
+    return [RoleSpec(_name(slot.role, slot.index), slot.role, slot.device, () if slot.index is None else (slot.index,))
+            for slot in pipeline_slots(topology, with_critic, value_trainer)]

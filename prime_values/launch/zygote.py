@@ -35,7 +35,7 @@ import psutil
 from prime_values.launch.controller import Controller, _die_with_parent
 
 PRELOAD = ("psutil", "numpy", "torch", "transformers", "omegaconf", "submitit", "submitit.core.submission",
-           "prime_values.config", "prime_values.models.build", "prime_values.launch.controller")
+           "prime_values.config", "prime_values.tasks", "prime_values.models.build", "prime_values.launch.controller")
 
 
 def preload() -> None:

@@ -374,9 +374,17 @@ def load_policy(path: str | os.PathLike, attention: Attention = DEFAULT_ATTENTIO
 
 
 def _is_vision(path: str | os.PathLike) -> bool:
-    """A saved vision-language model (models/vision.py), told by its config.json's model_type."""
+    """A vision-language model (models/vision.py), told by its config's model_type: a saved directory's config.json,
+    or a hub id's config (from the local cache when offline)."""
     file = Path(path) / "config.json"
-    return file.is_file() and json.loads(file.read_text()).get("model_type") == "qwen2_vl"
+    if file.is_file():
+        return json.loads(file.read_text()).get("model_type") == "qwen2_vl"
+    if Path(path).exists():
+        return False
+    try:
+        return AutoConfig.from_pretrained(str(path)).model_type == "qwen2_vl"
+    except (OSError, ValueError):
+        return False  # the text path's loader reports what is wrong with it
 
 
 def _critic_config(cfg) -> Qwen3Config:

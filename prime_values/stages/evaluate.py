@@ -8,6 +8,10 @@ rubric; a sample is correct when its reward is at least 1.
 - pass@k: the unbiased estimator of Chen et al. 2021 (Codex), per prompt ``1 - C(n-c, k) / C(n, k)`` (the chance
   that k of the n samples drawn without replacement hold at least one correct one), averaged over prompts.
 
+A task with pictures (task=vision) samples each held-out prompt with its picture (`VisionTask.rollout`, through
+the transformers model of `policy.model`: a from_pretrained directory such as `<run>/stages/sft/model` or
+`<run>/weights/policy/<n>`, whose config.json tells a vision-language model).
+
 Results go to `<run>/stages/eval/results.json` (with each prompt's c) and are printed as a table.
 """
 
@@ -57,9 +61,14 @@ def main(run_dir: str) -> dict:
 
     from prime_values.models import load_policy
     from prime_values.models.tokenizer import ensure_pad_token
+    from prime_values.models.vision import TINY_VL_MODEL
     ctx = StageContext(run_dir, "eval", "inference_device")
     cfg, ev, began = ctx.cfg, ctx.cfg.eval, time.time()
     max_new = ev.max_new_tokens or cfg.inference.max_new_tokens
+    if cfg.policy.model == TINY_VL_MODEL:
+        raise ValueError(f"the eval stage evaluates policy.model, which is '{TINY_VL_MODEL}' (an untrained model); set "
+                         "policy.model=<a from_pretrained directory, e.g. <run>/weights/policy/<step> or "
+                         "<run>/stages/sft/model>")
     task = make_task(**cfg.task)
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.policy.model)

@@ -10,6 +10,11 @@ Examples come from one of
 - `sft.from_run=<run dir>`: that run's rollouts with `reward >= sft.min_reward` (rejection sampling), each
   distinct prompt + response once.
 
+A task with pictures (task=vision: `task.image`) trains on its own problems only (`sft.data=task`): each batch is
+`supervised.sft_batch` of fresh problems, its prompts laid out as the rollouts lay them out (the image's
+placeholders, then the text) and read with their pictures; a dataset or an earlier run's texts carry no pictures
+and are refused in one sentence. `policy=tiny_vl` builds the embedded vision-language policy (models.vision).
+
 The loss is the embedded warm start's (`supervised.sft_loss`: cross-entropy on response + eos tokens),
 with the same optimizer and schedule (AdamW, linear warm-up, constant, gradient clip 1); the optional early stop
 (`sft.target_accuracy`) measures greedy accuracy on fixed *training* problems of the task, never held-out ones.
@@ -111,6 +116,23 @@ def rollout_examples(run_dir: str, min_reward: float, cursor_dir: Path) -> tuple
     return examples, {"rollouts_read": total, "rollouts_kept": kept, "distinct_examples": len(examples)}
 
 
+def has_images(task) -> bool:
+    """The task's prompts carry pictures (task=vision: `task.image`, laid out by `task.prompt_ids`)."""
+    return hasattr(task, "image")
+
+
+def check_image_data(task, sft) -> None:
+    """A task with pictures trains on its own problems only: one sentence naming the key otherwise."""
+    if not has_images(task):
+        return
+    if sft.from_run:
+        raise SFTDataError(f"sft.from_run={sft.from_run!r}: task={task.name} trains on pictures, and SFT on an earlier "
+                           "run's rollouts reads their texts only; use sft.data=task (the task's pictures and answers)")
+    if sft.data != "task":
+        raise SFTDataError(f"sft.data={sft.data!r}: task={task.name} trains on pictures, which a dataset's "
+                           "prompt/completion texts do not carry; use sft.data=task (the task's pictures and answers)")
+
+
 class Examples:
     """Draws SFT batches: from a fixed list (with replacement), or fresh problems of the task (`sft.data=task`)."""
 
@@ -152,6 +174,20 @@ def train(ctx: StageContext, model, tokenizer, task, examples: Examples) -> dict
     sft, cfg = ctx.cfg.sft, ctx.cfg
     rng, dropped = random.Random(ctx.seed()), [0]
 
+    def batch_with_images(step: int):
+        """`sft_batch` of fresh problems (their pictures as its fourth item), rows longer than sft.max_length
+        dropped and counted."""
+        from prime_values.supervised import sft_batch
+
+        ids, mask, labels, images = sft_batch(tokenizer, task, task.sample(rng, sft.batch_size), model.config)
+        fits = [b for b, n in enumerate(mask.sum(dim=1).tolist()) if n <= sft.max_length]
+        dropped[0] += len(images) - len(fits)
+        if not fits:
+            raise SFTDataError(f"every SFT example drawn is longer than sft.max_length={sft.max_length} tokens (its "
+                               "image tokens included); raise sft.max_length")
+        width = int(mask[fits].sum(dim=1).max())
+        return ids[fits, :width], mask[fits, :width], labels[fits, :width], [images[b] for b in fits]
+
     def batch(step: int):
         encoded = []
         for _ in range(100):  # draw until the batch is full of examples that fit
@@ -180,9 +216,9 @@ def train(ctx: StageContext, model, tokenizer, task, examples: Examples) -> dict
     last: dict = {"sft_step": 0}
     accuracy = validation_accuracy(model, tokenizer, task, ctx.seed(), sft.val_size, cfg.inference.max_new_tokens) \
         if sft.target_accuracy > 0 and sft.val_size > 0 else None
-    supervised_train(model, batch, sft.steps, lr=sft.lr, warmup_steps=sft.warmup_steps, accuracy=accuracy,
-                     target_accuracy=sft.target_accuracy, check_every=sft.check_every,
-                     on_step=on_step)
+    supervised_train(model, batch_with_images if has_images(task) else batch, sft.steps, lr=sft.lr,
+                     warmup_steps=sft.warmup_steps, accuracy=accuracy, target_accuracy=sft.target_accuracy,
+                     check_every=sft.check_every, on_step=on_step)
     model.eval()
     return last
 
@@ -192,12 +228,15 @@ def main(run_dir: str) -> dict:
     from transformers import AutoTokenizer
 
     from prime_values.models import build_char_tokenizer, build_tiny_policy, load_policy, save_model
+    from prime_values.models.build import build_tiny_vl_policy
     from prime_values.models.tokenizer import ensure_pad_token
+    from prime_values.models.vision import TINY_VL_MODEL, build_vl_tokenizer
 
     ctx = StageContext(run_dir, "sft", "policy_trainer_device")
     cfg, sft, began = ctx.cfg, ctx.cfg.sft, time.time()
     task = make_task(**cfg.task)
     try:
+        check_image_data(task, sft)
         info: dict = {}
         if sft.from_run:
             pairs, info = rollout_examples(sft.from_run, sft.min_reward, ctx.dir / "cursors")
@@ -210,6 +249,9 @@ def main(run_dir: str) -> dict:
         if cfg.policy.model == "tiny":
             tokenizer = build_char_tokenizer()
             model = build_tiny_policy(tokenizer, seed=ctx.seed(), attention=ctx.attention, **cfg.policy.arch)
+        elif cfg.policy.model == TINY_VL_MODEL:  # the embedded vision-language policy (policy.arch does not apply)
+            tokenizer = build_vl_tokenizer()
+            model = build_tiny_vl_policy(tokenizer, seed=ctx.seed(), attention=ctx.attention)
         else:
             tokenizer = AutoTokenizer.from_pretrained(cfg.policy.model)
             model = load_policy(cfg.policy.model, ctx.attention)

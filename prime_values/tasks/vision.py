@@ -10,14 +10,21 @@ A scene is the problem (``meta['scene']``), so its image is drawn again wherever
 same PNG bytes in every process; ``prompt_id`` hashes the scene. The held-out set is drawn once from ``seed``; the
 training stream never yields a held-out scene.
 
-The policy reads the image through a vision-language model (policy=tiny_vl): ``rollout`` samples each prompt with
-its image (``models.vision.sample_with_images``) and returns ``VisionRollout``s, which carry the PNG bytes the
-inference role stores in the run's image store (log/images.py) and refers to by hash. ``score`` is an exact match
-of the count (surrounding whitespace and a trailing ``<eos>`` ignored), O(answer length).
+The policy reads the image through a vision-language model (policy=tiny_vl, or a Qwen2-VL checkpoint such as
+policy=qwen2_vl_2b): ``rollout`` samples each prompt with its image -- through the transformers model
+(``models.vision.sample_with_images``) or an inference backend that samples with images itself
+(``sample_images``: inference=vllm, backends/vllm.py) -- and returns ``VisionRollout``s, which carry the PNG bytes
+the inference role stores in the run's image store (log/images.py) and refers to by hash. ``score`` is an exact
+match of the count (surrounding whitespace and a trailing ``<eos>`` ignored), O(answer length).
+
+Bad input is one sentence naming what to change, raised before anything is sampled or stored (``check_image``,
+``check_policy``): an image that does not decode, an image larger than the policy's image processor reads whole
+(its ``max_pixels``, which would otherwise be downscaled without a word), and a text-only policy.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import random
@@ -47,6 +54,46 @@ def check_settings(max_count: int, distractors: int, size: int) -> None:
                          "16-pixel image token of policy=tiny_vl); set task.size")
 
 
+def max_pixels(config) -> int:
+    """The most pixels an image may have and still be read whole by the policy's image processor
+    (``models.vision.image_processor``: Qwen2-VL's ``max_pixels``, its ``size['longest_edge']``); the processor would
+    downscale a larger one before the vision tower without a word, so the policy would count shapes in a picture
+    other than the one the task drew and stored."""
+    from prime_values.models.vision import image_processor
+
+    size = image_processor(config).size
+    return int(size["longest_edge"] if isinstance(size, dict) else size.longest_edge)
+
+
+def check_image(png: bytes, config, where: str, key: str = "task.size") -> None:
+    """`png` decodes as an image and fits the policy's image processor (``max_pixels``): else one ValueError naming
+    the image (`where`) and the fix (`key`, the setting that makes the task's images smaller)."""
+    try:
+        with Image.open(io.BytesIO(png)) as image:
+            image.load()
+            width, height = image.size
+    except Exception as error:  # noqa: BLE001 - PIL raises several kinds for bytes that are not an image
+        raise ValueError(f"image {where} does not decode as an image ({type(error).__name__}: {error}); the task "
+                         "must give PNG bytes (VisionTask.image)") from None
+    limit = max_pixels(config)
+    if width * height > limit:
+        raise ValueError(f"image {where} is {width}x{height} = {width * height} pixels, more than the policy's image "
+                         f"processor reads whole (max_pixels = {limit}, models.vision.image_processor); make the "
+                         f"task's images smaller ({key})")
+
+
+def check_policy(tokenizer, config) -> None:
+    """The policy can read images: a Qwen2-VL config (models.vision.is_vision_config) and a tokenizer with the vision
+    tokens; else one ValueError naming policy.model."""
+    from prime_values.models.vision import is_vision_config, vision_token_ids
+
+    if not is_vision_config(config):
+        kind = getattr(config, "model_type", type(config).__name__)
+        raise ValueError(f"task=vision reads images, but the policy is a text-only model (model_type {kind!r}); set "
+                         "policy.model to a Qwen2-VL model: policy=tiny_vl (embedded) or policy=qwen2_vl_2b")
+    vision_token_ids(tokenizer)  # a tokenizer without the vision tokens: one sentence naming policy=tiny_vl
+
+
 @dataclass
 class VisionRollout(EnvRollout):
     """A scored single reply to a prompt with images: the PNG bytes of its images, in the order of their
@@ -57,6 +104,8 @@ class VisionRollout(EnvRollout):
 
 class VisionTask:
     name = "vision"
+    rollout_takes_backend = True
+    """``rollout`` takes the inference backend itself (hf or vllm: ``_image_sampler``), not only a transformers model"""
 
     def __init__(self, max_count: int = 3, distractors: int = 2, size: int = 32, heldout_size: int = 200,
                  seed: int = 1234):
@@ -131,26 +180,29 @@ class VisionTask:
 
     # ------------------------------------------------------------------ rollouts with images
     def prompt_ids(self, tokenizer, config, problem: Problem) -> tuple[list[int], bytes]:
-        """The prompt's token ids (image placeholders, then the text) and the image's PNG bytes."""
+        """The prompt's token ids (image placeholders, then the text) and the image's PNG bytes; the policy and the
+        image checked first (``check_policy``, ``check_image``: one sentence each)."""
         from prime_values.models.vision import prompt_ids
 
+        check_policy(tokenizer, config)
         png = self.image(problem)
+        check_image(png, config, f"of problem {problem.prompt_id}")
         return prompt_ids(tokenizer, config, png, problem.prompt), png
 
     def rollout(self, model, tokenizer, problems, num_samples: int, max_new_tokens: int, temperature: float,
                 seed: int, batch_size: int | None = None) -> list[VisionRollout]:
-        """``num_samples`` scored replies per problem, each sampled with the problem's image (grouped by problem)."""
-        from prime_values.models.vision import sample_with_images, vision_token_ids
-
-        vision_token_ids(tokenizer)  # a text-only policy: one sentence naming policy=tiny_vl
-        laid_out = [self.prompt_ids(tokenizer, model.config, p) for p in problems]
+        """``num_samples`` scored replies per problem, each sampled with the problem's image (grouped by problem).
+        ``model``: a transformers model, an hf backend (its model), or a backend that samples with images itself
+        (``sample_images`` and ``config``: backends/vllm.py), which gets the same prompt ids and PNG bytes. Every
+        prompt is laid out and checked before anything is sampled."""
+        sample, config = _image_sampler(model)
+        laid_out = [self.prompt_ids(tokenizer, config, p) for p in problems]
         step = max(1, (batch_size or len(problems) * num_samples) // num_samples)
         out: list[VisionRollout] = []
         for begin in range(0, len(problems), step):
             chunk = laid_out[begin: begin + step]
-            completions = sample_with_images(model, [ids for ids, _ in chunk], [[png] for _, png in chunk],
-                                             num_samples, max_new_tokens, temperature, tokenizer.eos_token_id,
-                                             tokenizer.pad_token_id, seed + begin)
+            completions = sample([ids for ids, _ in chunk], [[png] for _, png in chunk], num_samples, max_new_tokens,
+                                 temperature, tokenizer.eos_token_id, tokenizer.pad_token_id, seed + begin)
             texts = tokenizer.batch_decode([c.response_ids for c in completions], skip_special_tokens=True)
             rewards = self.score_many([problems[begin + c.prompt_index] for c in completions], texts)
             for c, text, reward in zip(completions, texts, rewards):
@@ -160,3 +212,16 @@ class VisionTask:
                                          [0.0] * len(prompt) + list(c.logprobs), float(reward), c.stop_reason, text,
                                          turns=1, images=[png]))
         return out
+
+
+def _image_sampler(policy):
+    """(sample(prompts, images, num_samples, max_new_tokens, temperature, eos_id, pad_id, seed), the model config)
+    of what ``VisionTask.rollout`` was given: a backend's own ``sample_images``, else the hf decode loop with images
+    (``models.vision.sample_with_images``) on the transformers model (an hf backend's, or the model itself)."""
+    from prime_values.models.vision import sample_with_images
+
+    if hasattr(policy, "sample_images"):  # inference=vllm: the engine reads the images (backends/vllm.py)
+        return policy.sample_images, policy.config
+    if hasattr(policy, "sample") and hasattr(policy, "policy"):  # an hf backend (backends/hf.py): its model
+        policy = policy.model
+    return functools.partial(sample_with_images, policy), policy.config
