@@ -96,5 +96,7 @@ def greedy_accuracy(model, tokenizer, task, problems, max_new_tokens: int | None
                       "stop_reason": r.stop_reason, "response_tokens": int(sum(r.policy_mask)), "response": r.text}
             if parsable is not None:
                 record["parsable"] = bool(parsable(r.text))
+            if getattr(r, "calls", None) is not None:  # task=tools: the calls as the episode made them
+                record["calls"] = r.calls
             per_problem.append(record)
     return sum(r.reward for r in rollouts) / len(rollouts)

@@ -330,6 +330,91 @@ def test_show_lists_the_calls_escaped():
     assert call_lines(None) == [] and call_lines("x") == []
 
 
+def _heldout_by_kind(task):
+    out = {}
+    for p in task.heldout():
+        out.setdefault(p.meta["kind"], []).append(p)
+    return out
+
+
+def test_the_heldout_breakdown_by_hand():
+    """Accuracy per kind and the tool-use rate of hand-made held-out records (two problems of each kind), worked by
+    hand: a turn of max_new_tokens characters was cut (no call), calls given with a record are read as they are,
+    and a text that does not replay to its reward is left out of the tool rates, not of the accuracy."""
+    task = ToolsTask(num_keys=50, seed=7, heldout_size=8)
+    (c1, c2), (l1, l2), (b1, b2), (n1, n2) = (_heldout_by_kind(task)[k] for k in ("calc", "look", "both", "none"))
+    assert int(c2.answer) >= 100  # so ans(1) is wrong
+    v1, v2, vb1, vb2 = (BOOK[p.meta["x"]] for p in (l1, l2, b1, b2))
+
+    def rec(problem, reward, response, **extra):
+        return {"prompt_id": problem.prompt_id, "reward": reward, "response": response, **extra}
+
+    records = [
+        rec(c1, 1.0, f"calc({c1.meta['x']}*{c1.meta['y']})\nans({c1.answer})"),  # right tools, right
+        rec(c2, 0.0, "calc(999*99)\nans(1)"),  # 12 characters: a turn cut at max_new_tokens=12, no call
+        rec(l1, 1.0, f"look(k{l1.meta['x']})\nans({v1})"),
+        rec(l2, 1.0, "not replayed", calls=[{"turn": 1, "tool": "look", "args": "k", "result": str(v2)},
+                                            {"turn": 2, "tool": "ans", "args": str(v2), "result": str(v2)}]),
+        rec(b1, 1.0, f"look(k{b1.meta['x']})\ncalc({vb1}*{b1.meta['y']})\nans({b1.answer})"),
+        rec(b2, 0.0, f"look(k{b2.meta['x']})\nans({vb2})"),  # the lookup alone: not the right tools
+        rec(n1, 1.0, f"ans({n1.answer})"),
+        rec(n2, 1.0, f"calc({n2.meta['x']}*{n2.meta['y']})\nans({n2.answer})"),  # a tool where none is needed
+        {"prompt_id": "tools-other:0", "reward": 1.0, "response": "ans(1)"},  # not a held-out problem
+    ]
+    out = task.heldout_breakdown(records, max_new_tokens=12)
+    assert out["accuracy"] == 6 / 8 and out["right_tools"] == 4 / 6
+    assert (out["replayed"], out["unreplayed"], out["unmatched"]) == (8, 0, 1)
+    assert out["kinds"] == {
+        "calc": {"problems": 2, "accuracy": 0.5, "right_tools": 0.5, "any_tool": 0.5, "tool_errors": 0.5,
+                 "turns": 2.0},
+        "look": {"problems": 2, "accuracy": 1.0, "right_tools": 1.0, "any_tool": 1.0, "tool_errors": 0.0,
+                 "turns": 2.0},
+        "both": {"problems": 2, "accuracy": 0.5, "right_tools": 0.5, "any_tool": 1.0, "tool_errors": 0.0,
+                 "turns": 2.5},
+        "none": {"problems": 2, "accuracy": 1.0, "right_tools": None, "any_tool": 0.5, "tool_errors": 0.0,
+                 "turns": 1.5}}
+    # without max_new_tokens the 12-character turn reads as the call it spells
+    uncut = task.heldout_breakdown(records)["kinds"]["calc"]
+    assert uncut["right_tools"] == 1.0 and uncut["tool_errors"] == 0.0
+    # turns left after the answer (a turn that held a newline), or a replay to another reward: accuracy only
+    odd = task.heldout_breakdown([rec(l1, 1.0, f"ans({v1})\nans({v1})"), rec(c1, 1.0, "ans(1)")], 12)
+    assert (odd["accuracy"], odd["right_tools"], odd["replayed"], odd["unreplayed"]) == (1.0, None, 0, 2)
+    assert odd["kinds"]["look"]["accuracy"] == 1.0 and odd["kinds"]["look"]["right_tools"] is None
+    assert task.heldout_breakdown([])["accuracy"] is None
+
+
+def test_the_heldout_breakdown_reads_the_records_the_evaluation_writes(monkeypatch):
+    """The records of rollout.greedy_accuracy (what the policy trainer writes at each held-out evaluation) give the
+    breakdown the episodes' own calls give, a cut turn, a tool error and a turn out of turns included."""
+    from prime_values.rollout import greedy_accuracy
+
+    tok = build_char_tokenizer()
+    task = ToolsTask(num_keys=50, seed=7, heldout_size=8)
+    (c1, c2), (l1, l2), (b1, b2), (n1, n2) = (_heldout_by_kind(task)[k] for k in ("calc", "look", "both", "none"))
+    demo = {p.prompt: [t for t, policy in task.demonstration(p) if policy] for p in task.heldout()}
+    scripts = {**demo,
+               c2.prompt: ["calc(999*99)xx", "ans(1)"],  # cut at 12 tokens: error: too long, then a wrong answer
+               l2.prompt: [f"look(k{l2.meta['x']})"] * 4,  # out of turns, the right tool called
+               b2.prompt: ["eval(1*2)", *demo[b2.prompt]],  # a tool error, then the right tools and answer
+               n2.prompt: [f"calc({n2.meta['x']}*{n2.meta['y']})", f"ans({n2.answer})"]}
+    model = build_tiny_policy(tok, seed=0).eval()
+    records: list[dict] = []
+    _scripted(monkeypatch, tok, scripts)
+    accuracy = greedy_accuracy(model, tok, task, task.heldout(), 12, per_problem=records)
+    _scripted(monkeypatch, tok, scripts)
+    rollouts = task.rollout(model, tok, task.heldout(), num_samples=1, max_new_tokens=12, temperature=0.0, seed=0)
+    assert [r["prompt_id"] for r in records] == [p.prompt_id for p in task.heldout()]
+    exact = [{**r, "calls": ro.calls} for r, ro in zip(records, rollouts)]
+    out = task.heldout_breakdown(records, max_new_tokens=12)
+    assert out == task.heldout_breakdown(exact) and out["unreplayed"] == 0
+    assert out["accuracy"] == accuracy == 6 / 8 and out["right_tools"] == 5 / 6
+    kinds = out["kinds"]
+    assert [kinds[k]["accuracy"] for k in ("calc", "look", "both", "none")] == [0.5, 0.5, 1.0, 1.0]
+    assert [kinds[k]["right_tools"] for k in ("calc", "look", "both", "none")] == [0.5, 1.0, 1.0, None]
+    assert kinds["calc"]["tool_errors"] == kinds["both"]["tool_errors"] == 0.5 and kinds["none"]["any_tool"] == 0.5
+    assert kinds["look"]["turns"] == (2 + 4) / 2
+
+
 def test_the_experiment_is_valid_on_its_own():
     assert precheck(["+experiment=tools"]) is None
 

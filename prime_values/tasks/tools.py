@@ -34,6 +34,10 @@ The critic's privileged context is the answer (with ``privileged_fact``: also th
 problems are few per kind (``num_keys`` lookups, 64 one-digit products), so, as in a game, every problem is also a
 training problem (``is_heldout`` is False); the encyclopedia is large enough (``num_keys``) that answering a lookup
 from memory instead of calling pays little.
+
+``heldout_breakdown`` reads a held-out evaluation's records (``metrics/heldout/step_<n>.jsonl``: each problem's
+reward and the policy's turns joined by newlines) back into accuracy per kind and the tool-use rate: the share of
+episodes of a kind that called every tool the kind needs (``NEEDS``; bench/tools_run.py records it per run).
 """
 
 from __future__ import annotations
@@ -90,6 +94,9 @@ def check_settings(kinds: str, num_keys: int, calc_digits: int, max_arg_digits: 
 
 
 _TURNS_NEEDED = {"calc": 2, "look": 2, "both": 3, "none": 1}
+NEEDS = {"calc": ("calc",), "look": ("look",), "both": ("look", "calc"), "none": ()}
+"""the tools each kind's demonstration calls: an episode of a kind "used the right tools" when it called each of them
+(``ToolsTask.heldout_breakdown``)"""
 
 
 def _digits(text: str, most: int) -> int | None:
@@ -307,6 +314,77 @@ class ToolsTask(TurnTask):
         if problem is None or problem.prompt != prompt or problem.privileged != privileged:
             raise ValueError(f"not a problem of task=tools: prompt {prompt[:16]!r}, privileged {privileged[:16]!r}")
         return problem
+
+    # ------------------------------------------------------------------ the held-out evaluation, by kind
+    def replay_text(self, problem: Problem, text: str, max_new_tokens: int | None = None) -> Session | None:
+        """The episode a logged reply text plays again: ``text`` is the policy's turns joined by newlines (the
+        ``response`` of a held-out record, ``EnvRollout.text``), each turn played as the environment played it.
+        A turn of ``max_new_tokens`` characters or more was cut without its eos (one character is one token of
+        the embedded model; an eos-ended turn has at most ``max_new_tokens - 1``), so it is played as the cut
+        turn it was (``error: too long``; a cut turn holding a special token, which decodes to nothing, reads as
+        ended). None when the text does not replay to the end of an episode: turns
+        left after the episode ended, or too few to end it (a turn that held a newline of its own)."""
+        session = self.session(problem)
+        for turn in text.split("\n"):
+            if session.done:
+                return None
+            session.play(None if max_new_tokens is not None and len(turn) >= max_new_tokens else turn)
+        return session if session.done else None
+
+    def heldout_breakdown(self, records: list[dict], max_new_tokens: int | None = None) -> dict:
+        """Accuracy per kind and the tool-use rate of one held-out evaluation, from its records (one dict per
+        problem with ``prompt_id``, ``reward`` and ``response``, as ``rollout.greedy_accuracy`` writes them to
+        ``metrics/heldout/step_<n>.jsonl``; ``calls``, where a record has them, are taken as they are instead of
+        replayed). ``max_new_tokens``: the run's ``inference.max_new_tokens`` (``replay_text``).
+
+        A turn *calls* a tool when the toolbox reads it as a well-formed call of that tool (a value came back, or
+        ``error: out of turns`` on the last turn); an episode *used the right tools* when it called each tool its
+        kind needs (``NEEDS``; arguments not checked: the accuracy judges them). Per kind: ``problems``,
+        ``accuracy`` (mean reward), ``right_tools`` (the share of replayed episodes that used the right tools;
+        None for ``none``, which needs no tool), ``any_tool`` (the share that called any tool), ``tool_errors``
+        (the share with a tool error, ``ERRORS``) and ``turns`` (mean policy turns). Overall: ``accuracy``,
+        ``right_tools`` pooled over the episodes of the kinds that need a tool, ``replayed`` (episodes whose calls
+        were read), ``unreplayed`` (records whose text did not replay, or replayed to another reward: left out
+        of the tool rates, kept in the accuracy) and ``unmatched`` (records of no held-out problem, left out)."""
+        by_id = {p.prompt_id: p for p in self._heldout}
+        tally: dict[str, dict] = {k: {"problems": 0, "reward": 0.0, "replayed": 0, "right": 0, "any": 0,
+                                      "errors": 0, "turns": 0} for k in self.kinds}
+        unmatched = unreplayed = 0
+        for record in records:
+            problem = by_id.get(record.get("prompt_id"))
+            if problem is None:
+                unmatched += 1
+                continue
+            t = tally[problem.meta["kind"]]
+            reward = float(record.get("reward", 0.0))
+            t["problems"] += 1
+            t["reward"] += reward
+            calls = record.get("calls")
+            if calls is None:
+                session = self.replay_text(problem, str(record.get("response", "")), max_new_tokens)
+                calls = session.calls if session is not None and session.reward == reward else None
+            if calls is None:
+                unreplayed += 1
+                continue
+            called = {c["tool"] for c in calls if c["tool"] in TOOLS and c["result"] not in ERRORS}
+            t["replayed"] += 1
+            t["right"] += all(tool in called for tool in NEEDS[problem.meta["kind"]])
+            t["any"] += bool(called)
+            t["errors"] += any(c["result"] in ERRORS for c in calls)
+            t["turns"] += len(calls)
+
+        def share(count: float, total: int) -> float | None:
+            return count / total if total else None
+
+        kinds = {k: {"problems": t["problems"], "accuracy": share(t["reward"], t["problems"]),
+                     "right_tools": share(t["right"], t["replayed"]) if NEEDS[k] else None,
+                     "any_tool": share(t["any"], t["replayed"]), "tool_errors": share(t["errors"], t["replayed"]),
+                     "turns": share(t["turns"], t["replayed"])} for k, t in tally.items()}
+        needing = [t for k, t in tally.items() if NEEDS[k]]
+        return {"accuracy": share(sum(t["reward"] for t in tally.values()), sum(t["problems"] for t in tally.values())),
+                "right_tools": share(sum(t["right"] for t in needing), sum(t["replayed"] for t in needing)),
+                "replayed": sum(t["replayed"] for t in tally.values()), "unreplayed": unreplayed,
+                "unmatched": unmatched, "kinds": kinds}
 
     # ------------------------------------------------------------------ sizes
     def _longest(self, kind: str) -> Problem:
