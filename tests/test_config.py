@@ -286,7 +286,9 @@ def test_a_hook_name_is_declared_once_and_registered_once():
             register_check("test.exmaple")(lambda cfg, environment: None)
         with pytest.raises(RuntimeError, match=r"test.example \(an example\): tests/test_config.py"):
             require_all()
-        run_check(name, None, True)  # nothing registered: skipped (config.validate without the launch's checks)
+        HOOKS[name].where = "prime_values/config/base.py"  # a module that registers nothing: imported, then named
+        with pytest.raises(RuntimeError, match="prime_values/config/base.py does not register it"):
+            run_check(name, None, True)
         seen = []
 
         @register_check(name)
@@ -315,6 +317,18 @@ def test_importing_the_config_imports_nothing_of_prime_values_above_it():
         ("prime_values.config", "prime_values.algo", "prime_values.importpath"))]
     assert above == [], above
     assert "prime_values.config.checks" in loaded
+
+
+def test_a_prepared_config_runs_every_hook_without_the_launch_s_imports():
+    """A library user's compose(prepared=True) in a fresh interpreter (no python -m prime_values, no
+    prime_values.launch.checks): the GGUF hook's module is imported by its name and its check refuses the file."""
+    code = ("import prime_values.config as c\n"
+            "try:\n    c.compose(['+experiment=arith', 'policy.model=/nonexistent/policy.gguf'], prepared=True)\n"
+            "except c.ConfigError as e:\n    print('refused:', e)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "refused: policy.model='/nonexistent/policy.gguf': no such file" in result.stdout, result.stdout
 
 
 def test_one_launch_validates_a_config_once(monkeypatch):

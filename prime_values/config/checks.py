@@ -5,8 +5,10 @@ module that knows how registers its check function (`register_check`), and the s
 
 Registration happens when the registering module is imported; `prime_values.launch.checks` imports every one of
 them (`python -m prime_values` and the conductor import it before they validate) and then `require_all`, which
-raises when a declared hook has no check. `config.validate` runs the checks registered in its process: where none
-is (a tool, a test that builds a config by hand), a hook is skipped, and the rules of the config itself still hold.
+raises when a declared hook has no check. Where a hook runs before its module was imported (a tool, a library
+user's `compose(prepared=True)`, a test that builds a config by hand), `run_check` imports the module the hook
+names, as a registry loads a plugin by its name: every check runs wherever a config is validated, and config still
+imports nothing above it at import time.
 
 A check is `check(cfg, environment: bool) -> None` and raises ConfigError with the usual one sentence naming the
 key and the fix; `environment=False` (`--cfg job`, composing for another machine) asks it to leave out what only
@@ -15,6 +17,7 @@ this machine can say (installed packages, files, data sets, the cluster).
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -63,10 +66,14 @@ def register_check(name: str) -> Callable[[Check], Check]:
 
 
 def run_check(name: str, cfg, environment: bool) -> None:
-    """Run hook `name` on `cfg` when a check is registered for it (module docstring)."""
-    check = HOOKS[name].check
-    if check is not None:
-        check(cfg, environment)
+    """Run hook `name` on `cfg`, importing the module it names first where nothing registered it yet (module
+    docstring); a module that does not register it is a RuntimeError naming both."""
+    hook = HOOKS[name]
+    if hook.check is None:
+        importlib.import_module(hook.where.removesuffix(".py").replace("/", "."))
+    if hook.check is None:
+        raise RuntimeError(f"config check hook {name!r}: {hook.where} does not register it (register_check)")
+    hook.check(cfg, environment)
 
 
 def unregistered() -> list[Hook]:

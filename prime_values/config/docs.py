@@ -60,9 +60,9 @@ task's own rules (the task's `check_settings`, or the task built outright), the 
 (`prime_values/budget.py`) and the stages' rules (`config/stages.py`). The checks that need the code above the
 config (a task built, a data set or GGUF file found, the SLURM layout, the token budgets) are hooks: declared in
 `prime_values/config/` where they run, registered by the module that knows how (`config/checks.py`), all of them
-imported by `prime_values.launch.checks`, which `python -m prime_values` and the conductor import; a launch
-validates each config once. A local model's token budgets need its tokenizer: they are checked just before the
-first job. `config.prepare` makes the config a run saves
+imported by `prime_values.launch.checks`, which `python -m prime_values` and the conductor import (a hook run
+before then imports the module it names); a launch validates each config once. A local model's token budgets need
+its tokenizer: they are checked just before the first job. `config.prepare` makes the config a run saves
 (interpolations and 'auto' devices resolved, `resolved.*` derived) for the conductor, the stages and the tests;
 tools read a saved run with `config.load_saved`, which derives the `resolved.*` facts an older run lacks.
 

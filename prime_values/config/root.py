@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from prime_values.config.advantage import AdvantageConfig
 from prime_values.config.base import ConfigError, check_fields, free, ranged
-from prime_values.config.checks import HOOKS, declare, run_check
+from prime_values.config.checks import declare, run_check
 from prime_values.config.critic import CriticConfig
 from prime_values.config.derived import Resolved, resolve
 from prime_values.config.inference import InferenceConfig
@@ -173,7 +173,7 @@ _validated: Optional[set] = None  # inside `validating_once`: what validate has 
 @contextlib.contextmanager
 def validating_once():
     """Inside (one launch: `python -m prime_values`), `validate` passes at once a config it has validated already
-    with the same `cuda_count`, `environment` and registered hooks: the command line's precheck, each stage and the
+    with the same `cuda_count` and `environment`: the command line's precheck, each stage and the
     conductor validate the one config once, a multirun point or a changed config (a converted GGUF policy.model,
     the model an sft stage made) again."""
     global _validated
@@ -185,13 +185,12 @@ def validating_once():
 
 
 def _validation_key(cfg, cuda_count: Optional[int], environment: bool) -> Optional[str]:
-    """What makes two validations the same: the keys (interpolations resolved, resolved.* left out), cuda_count,
-    environment and the hooks registered; None when the keys cannot be resolved here (then it validates)."""
+    """What makes two validations the same: the keys (interpolations resolved, resolved.* left out), cuda_count
+    and environment; None when the keys cannot be resolved here (then it validates)."""
     try:
         plain = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
         plain.pop("resolved", None)
-        hooks = sorted(name for name, hook in HOOKS.items() if hook.check is not None)
-        return json.dumps([plain, cuda_count, environment, hooks], sort_keys=True, default=str)
+        return json.dumps([plain, cuda_count, environment], sort_keys=True, default=str)
     except Exception:  # noqa: BLE001 - an interpolation this process cannot resolve: no shortcut, validate it
         return None
 
@@ -200,8 +199,8 @@ def validate(cfg, cuda_count: Optional[int] = None, environment: bool = True) ->
     """Checks a type cannot express. Raises ConfigError with one sentence naming the key and what is allowed.
     `environment=False` (`--cfg job`, composing for another machine) leaves out the checks of this machine: the
     SLURM commands, installed backends and extras, data sets, directories, CUDA devices; they belong to the launch.
-    The checks that need the code above config are the hooks registered so far (prime_values/config/checks.py;
-    prime_values.launch.checks registers every one); inside `validating_once` a config passes once."""
+    The checks that need the code above config run as hooks (prime_values/config/checks.py: each imported by the
+    module name it declares where nothing registered it yet); inside `validating_once` a config passes once."""
     key = _validation_key(cfg, cuda_count, environment) if _validated is not None else None
     if key is not None and key in _validated:
         return
