@@ -1,7 +1,6 @@
 """Arithmetic task: generation, held-out split, verifier; registry; evaluation helpers and SFT."""
 
 import random
-import time
 
 import pytest
 import torch
@@ -40,12 +39,9 @@ def test_score_right_wrong_garbage_and_hostile():
     assert task.score(p, None) == 0.0
     hostile = ["9" * 10_000_000, "(" * 1_000_000, "1" + "0" * 5000, "__import__('os').system('true')",
                "9**9**9**9", "46" + " " * 1_000_000]
-    t0 = time.perf_counter()
     for h in hostile:
         assert task.score(p, h) == 0.0
-    # a loose wall-clock bound only (a loaded 2-core machine can deschedule a process for 100 ms); that an
-    # over-long response is never looked at is checked below without a clock
-    assert time.perf_counter() - t0 < 5
+    # that an over-long response is never looked at is checked without a clock
 
     class Untouchable(str):  # a 10 MB response whose content must not be read: only len() may be asked
         def __getattribute__(self, name):

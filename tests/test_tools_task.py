@@ -1,7 +1,8 @@
 """task=tools: a multi-turn task whose policy calls a calculator and a lookup table (prime_values/tasks/tools.py) --
-the tools and their errors worked by hand, each call's time bounded, the warm start's demonstrations, rollouts whose
-environment replies are what the tools give for the policy's calls (policy_mask 0) and replay exactly, the calls in
-the row's `task` JSON and in `prime_values.tools.show`, and a short run of +experiment=tools that passes check."""
+the tools and their errors worked by hand, each call read no further than its bound, the warm start's
+demonstrations, rollouts whose environment replies are what the tools give for the policy's calls (policy_mask 0) and
+replay exactly, the calls in the row's `task` JSON and in `prime_values.tools.show`, and a short run of
++experiment=tools that passes check."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import json
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -86,27 +86,24 @@ HOSTILE = [
 ]
 
 
+def test_an_over_long_call_is_read_no_further_than_its_length_and_logged_prefix():
+    """A call's cost is O(task.max_call_chars) whatever the text, checked without a clock: of a 10 MB call only
+    len() and the logged prefix are taken; no method of the text is called."""
+
+    class Untouchable(str):
+        def __getattribute__(self, name):
+            raise AssertionError(f"the toolbox read the over-long call ({name})")
+
+    assert TASK.toolbox.call(Untouchable("calc(1*2" + ")" * 10_000_000))[2] == TOO_LONG
+
+
 @pytest.mark.parametrize("text, error", HOSTILE, ids=[repr(t)[:24] for t, _ in HOSTILE])
-def test_a_hostile_call_gets_a_bounded_clear_error_in_bounded_time(text, error):
-    began = time.perf_counter()
+def test_a_hostile_call_gets_a_bounded_clear_error(text, error):
     tool, args, result = TASK.toolbox.call(text)
-    elapsed = time.perf_counter() - began
     assert result == error
-    assert elapsed < 0.005, f"{elapsed * 1e3:.2f} ms for a call"  # O(max_call_chars), whatever the text
     assert len(args) <= 32 and len(tool) <= 8
     session = TASK.session(TASK.make_problem("calc", 37, 48))
     assert session.play(text) == f"={error}" and not session.done and session.turns == 1
-
-
-def test_every_call_is_bounded_in_time():
-    """The slowest call of many, hostile and well-formed, the largest product included, takes under 5 ms."""
-    texts = [t for t, _ in HOSTILE] + ["calc(9999*9999)", "look(k49)", "ans(99999999)"] * 10
-    worst = 0.0
-    for text in texts:
-        began = time.perf_counter()
-        TASK.toolbox.call(text)
-        worst = max(worst, time.perf_counter() - began)
-    assert worst < 0.005, f"{worst * 1e3:.2f} ms"
 
 
 def test_an_episode_by_hand_ends_at_the_answer():
