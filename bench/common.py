@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,6 +103,34 @@ def seeds(text: str) -> list[int]:
         return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"seeds are comma-separated integers, not {text!r}") from None
+
+
+class StopAfter:
+    """`--stop-after HH:MM` (UTC): the next time the clock shows it, within 24 hours of the start, so 01:00 given
+    at 23:00 is two hours on, not a time already past."""
+
+    def __init__(self, text: str, now: datetime | None = None):
+        hour, _, minute = text.partition(":")
+        if not (hour.isdigit() and minute.isdigit() and len(minute) == 2 and int(hour) < 24 and int(minute) < 60):
+            raise argparse.ArgumentTypeError(f"{text!r} is not HH:MM (UTC), for example 16:30")
+        now = now or datetime.now(timezone.utc)
+        at = now.replace(hour=int(hour), minute=int(minute), second=0, microsecond=0)
+        self.text, self.at = text, at if at > now else at + timedelta(days=1)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def passed(self, now: datetime | None = None) -> bool:
+        return (now or datetime.now(timezone.utc)) >= self.at
+
+
+def add_stop_after(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stop-after", type=StopAfter, default=None,
+                        help="HH:MM UTC: start no run after the next time the clock shows it (within 24 h)")
+
+
+def too_late(stop_after: StopAfter | None) -> bool:
+    return stop_after is not None and stop_after.passed()
 
 
 def add_seeds(parser: argparse.ArgumentParser, default: str = "0", what: str = "seeds", flag: str = "--seeds"):

@@ -282,11 +282,12 @@ class TooLate(Exception):
     """--stop-after passed while a run waited for the heavy lock: it is not started."""
 
 
-def child(args_: list[str], log_path: Path, timeout_s: float, lock: str | None, stop_after: str | None = None) -> int:
+def child(args_: list[str], log_path: Path, timeout_s: float, lock: str | None,
+          stop_after: common.StopAfter | None = None) -> int:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with HeavyLock(lock):
-        if too_late(stop_after):  # the wait for the lock may have outlasted --stop-after
+        if common.too_late(stop_after):  # the wait for the lock may have outlasted --stop-after
             raise TooLate
         out = open(log_path, "w")
         began = time.time()
@@ -301,14 +302,6 @@ def child(args_: list[str], log_path: Path, timeout_s: float, lock: str | None, 
     if lock:
         time.sleep(PAUSE_S)  # outside the lock: work waiting for it gets it before the next run
     return rc
-
-
-def too_late(stop_after: str | None) -> bool:
-    if not stop_after:
-        return False
-    now = datetime.now(timezone.utc)
-    hour, minute = map(int, stop_after.split(":"))
-    return (now.hour, now.minute) >= (hour, minute)
 
 
 def build_smoke_base(base: Path, overrides: list[str]) -> None:
@@ -344,7 +337,7 @@ def run_grid(args, cells, overrides_all: list[str]) -> int:
             shutil.copytree(kept, base)
             print(f"checkpoint {c}: the base kept in {kept} copied in, not rebuilt")
         if not base_done(base):
-            if too_late(args.stop_after):
+            if common.too_late(args.stop_after):
                 print(f"stop-after {args.stop_after} UTC passed: base of checkpoint {c} not started")
                 return failures
             shutil.rmtree(base, ignore_errors=True)
@@ -374,7 +367,7 @@ def run_grid(args, cells, overrides_all: list[str]) -> int:
                 if finished(run, args.steps):  # finished before its record was written
                     write_record(records, key, run, out, c, sha)
                     continue
-                if too_late(args.stop_after):
+                if common.too_late(args.stop_after):
                     print(f"stop-after {args.stop_after} UTC passed: no new run started")
                     return failures
                 shutil.rmtree(run, ignore_errors=True)
@@ -892,7 +885,7 @@ def main(argv: list[str] | None = None) -> int:
                          "--smoke: <out>/records)")
     ap.add_argument("--lock", default="/tmp/pv-heavy.lock", help="heavy-work lock file held per run ('' = none)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
-    ap.add_argument("--stop-after", default=None, help="HH:MM UTC: start no run after it")
+    common.add_stop_after(ap)
     ap.add_argument("--report-only", action="store_true", help="write the table and plot from what is there")
     ap.add_argument("--smoke", action="store_true", help="tiny model, untrained version 0 (tests)")
     ap.add_argument("overrides", nargs="*", help="more key=value overrides for every run")

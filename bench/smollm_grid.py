@@ -50,12 +50,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import paired_heldout, run_figures
 from bench.budget_stats import MARGIN, STAMPS, compare as paired_compare, unstamped
-from bench.common import ROOT, add_seeds, summary, write_record
+from bench.common import ROOT, add_seeds, add_stop_after, summary, too_late, write_record
 from prime_values.models.build import AVX2_KERNELS, cpu_bf16_native
 
 CELLS = {
@@ -105,7 +104,7 @@ def run_cells(args, cells: list[str], seeds: list[int], records: Path) -> int:
             path = records / cell / f"seed{seed}.json"
             if path.exists():
                 continue
-            if args.stop_after and datetime.now(timezone.utc).strftime("%H:%M") >= args.stop_after:
+            if too_late(args.stop_after):
                 print(f"--stop-after {args.stop_after}: the rest waits for the next invocation")
                 return 0
             run = Path(args.out) / cell / f"seed{seed}"
@@ -232,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", default=str(ROOT / "bench" / "records" / "smollm"),
                     help="per-run records, <records>/<cell>/seed<S>.json (default bench/records/smollm, committed)")
     ap.add_argument("--reference", default="gae_g1", help="the cell every other is compared with")
-    ap.add_argument("--stop-after", default=None, help="HH:MM UTC: start no run after this time")
+    add_stop_after(ap)
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args(argv)
     cells = [c for c in args.cells.split(",") if c]

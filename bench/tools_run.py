@@ -142,14 +142,6 @@ def seed_run(base: Path, run_dir: Path) -> None:
         (run_dir / "weights" / model / "LATEST").write_text("0\n")
 
 
-def too_late(stop_after: str | None) -> bool:
-    if not stop_after:
-        return False
-    hour, minute = (int(x) for x in stop_after.split(":"))
-    now = datetime.now(timezone.utc)
-    return (now.hour, now.minute) >= (hour, minute)
-
-
 def run(args, seed: int, overrides: list[str]) -> dict:
     run_dir = args.out / args.label / f"seed{seed}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a run that was cut off starts again, not half of another start
@@ -270,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{RECORDS.relative_to(common.ROOT)})")
     ap.add_argument("--base", type=Path, default=None, help="copy version 0 from this run directory into each run")
     ap.add_argument("--nice", type=int, default=10, help="the runs' niceness (default 10)")
-    ap.add_argument("--stop-after", default=None, help="HH:MM UTC: start no run after it")
+    common.add_stop_after(ap)
     ap.add_argument("--commit", default=None, help="the commit the code was copied from (outside a checkout)")
     ap.add_argument("--changes", default=None, help="with --commit: the files changed from it, comma-separated")
     ap.add_argument("--record", type=Path, default=None, help="keep this finished run directory as a record")
@@ -289,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             if (args.records / args.label / f"seed{seed}.json").exists() and not args.force:
                 print(f"{args.label} seed {seed}: recorded already (--force reruns it)")
                 continue
-            if too_late(args.stop_after):
+            if common.too_late(args.stop_after):
                 print(f"stop-after {args.stop_after} UTC passed: seed {seed} not started")
                 break
             try:
