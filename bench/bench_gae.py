@@ -13,7 +13,7 @@ untimed (a warm-up: the first call also pays one-off allocator growth), then the
 repetition (so a busy machine slows both alike), and must agree on that subset to float tolerance.
 
     python -m bench.bench_gae            # 1,024 rollouts x 4,096 tokens (a few seconds)
-    python -m bench.bench_gae --smoke    # tiny sizes, about a second (tests/test_gae.py)
+    python -m bench.bench_gae --smoke    # tiny sizes, about a second (tests/algo/test_gae.py)
 """
 
 from __future__ import annotations

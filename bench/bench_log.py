@@ -15,7 +15,7 @@ Measured side by side in one run, methods alternating within each repetition, on
 and the publish-to-consumer latency of a writer process and a polling LogReader in another process.
 
     python -m bench.bench_log            # full run (~1 min)
-    python -m bench.bench_log --smoke    # tiny sizes, a few seconds (tests/test_bench_smoke.py)
+    python -m bench.bench_log --smoke    # tiny sizes, a few seconds (tests/bench/test_bench_smoke.py)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The critic study's statistics (docs/benchmarks.md, "The critic study protocol"): paired by seed, read off
 interpolated curves that charge every warm start, with t-intervals, an equivalence margin and the seeds a margin
 needs. bench/equal_budget.py and bench/smollm_grid.py report with them from the committed records; every formula
-below is worked by hand in tests/test_budget_stats.py (the test named after it).
+below is worked by hand in tests/bench/test_budget_stats.py (the test named after it).
 
 A run's curve is its held-out evaluations [(step, accuracy, tokens)], tokens = generated policy tokens behind the
 evaluation, the critic's warm start included (bench/equal_budget.py records it so). Between two evaluations the
@@ -83,7 +83,7 @@ ENDPOINT_EVALS = 5
 MARGIN = 0.02
 BOOTSTRAP_MIN_PAIRS = 8
 
-# Student t quantiles t_{p, df}, df = 1..30 (checked against the t density in tests/test_budget_stats.py)
+# Student t quantiles t_{p, df}, df = 1..30 (checked against the t density in tests/bench/test_budget_stats.py)
 T_TABLE = {
     0.975: (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788, 2.1604,
             2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,

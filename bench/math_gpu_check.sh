@@ -42,7 +42,7 @@ echo "== math_gpu_check $(date -u +%Y-%m-%dT%H:%MZ): DEVICE=$DEVICE SIZE=$SIZE S
 
 if "$PY" -c "import flash_attn" 2>/dev/null && [[ "$DEVICE" == cuda* ]]; then
   echo "== flash-attn imports: the gpu test of policy.attn_implementation=auto (flash vs sdpa logits)"
-  "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py -k attention 2>&1 | tail -5 | tee "$OUT/attention_test.txt"
+  "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/e2e/test_gpu.py -k attention 2>&1 | tail -5 | tee "$OUT/attention_test.txt"
 fi
 
 echo "== prepare ($SIZE model with random weights, synthetic GSM8K data) in $WORK"

@@ -1,7 +1,7 @@
 """Every benchmark in one invocation, one table: measure, ours, baseline, ratio [spread], goal, met?
 
     python -m bench                      # the full suite (~15-25 min on 2 CPU cores)
-    python -m bench --smoke              # tiny sizes, every code path (tests/test_bench_suite.py)
+    python -m bench --smoke              # tiny sizes, every code path (tests/bench/test_bench_suite.py)
     python -m bench --only log,gae       # a subset: log, gae, scoring, pipeline
     python -m bench --device cuda:0      # GPU mode: every role and the scoring models on one GPU (bench/gpu_suite.sh)
 

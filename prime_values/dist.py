@@ -241,7 +241,7 @@ def loss_scale(tokens, total_tokens, world: int) -> float:
 
     since (1/world) Σ_ranks Σ_micro (n / N × world) · (1/n) Σ_t ∇ℓ_t = (1/N) Σ_all t ∇ℓ_t. With one process and
     one micro-batch it is 1. Hand-worked: 2 ranks, micro-batches of 3 and 5 tokens of a global 16 -> 3/16 × 2 =
-    0.375 and 5/16 × 2 = 0.625 (tests/test_dist.py)."""
+    0.375 and 5/16 × 2 = 0.625 (tests/roles/test_dist.py)."""
     return tokens / max(total_tokens, 1) * world
 
 

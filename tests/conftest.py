@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,29 @@ def _no_library_log_filter_left_behind():
         for f in list(handler.filters):
             if type(f).__name__ == "_OursOrWarnings":  # prime_values.conductor.quiet_libraries
                 handler.removeFilter(f)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The embedded model's character tokenizer (prime_values.models.tokenizer)."""
+    from prime_values.models.tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+# one-digit sums and a longer warm start than test_pipeline's, so some rollouts are solved (reward 1) and the
+# reward filter has something to keep; 3 steps leave rollouts that reached a batch and some that did not
+SMALL_RUN = ("steps=3", "task.digits=1", "policy.warm_start.steps=60")
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory) -> Path:
+    """A real run directory of a few steps, made once per test session (per xdist worker): what the rollouts
+    dataset's doc and `tools.show` read."""
+    from tests.e2e_helpers import run_pipeline
+
+    run_dir = tmp_path_factory.getbasetemp() / "rollouts_dataset_run"
+    if not (run_dir / "report" / "summary.json").exists():
+        result = run_pipeline(run_dir, *SMALL_RUN)
+        assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir

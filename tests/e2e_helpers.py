@@ -14,7 +14,7 @@ version 0 made by SFT on each machine is a different one on each kind of CPU. Th
 SFT stop falls elsewhere, and the critic pretrained on it ends elsewhere. Made with AVX2 kernels on the machine
 where the bounds were measured, the critic's explained variance on fresh rollouts fell from 0.17-0.21 to
 -0.03-0.09 in the three critic tests, below CRITIC_EV_BOUND, as on the Intel Xeon where they failed. So every
-machine starts from the same weights (1 MB, `python tests/make_version0.py` remakes them, tests/test_version0.py
+machine starts from the same weights (1 MB, `python tests/make_version0.py` remakes them, tests/models/test_version0.py
 checks they still fit the code), and only what the test exercises, the RL steps, runs on the machine's own kernels.
 """
 
@@ -184,7 +184,7 @@ def weights_changed(root: Path, version: int) -> float:
 #   ~16-24 critic steps under a 0.95 weight average; measured 0.26 with advantages as targets). So on this
 #   configuration `assert_learned` also checks what the critic is trained on: every targets row's value targets are
 #   its reward at every policy token (the Monte-Carlo return at gamma = lambda_value = 1), exactly, as
-#   tests/test_orchestrator_wiring.py checks the wiring on hand-worked rows.
+#   tests/roles/test_orchestrator_wiring.py checks the wiring on hand-worked rows.
 CRITIC_EV_BOUND = 0.1
 
 

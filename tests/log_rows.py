@@ -33,3 +33,14 @@ def row(kind: str, **fields) -> dict:
         raise KeyError(f"stream {kind!r} has no field {unknown[0]!r}; its schema (prime_values/log/records.py): "
                        f"{schema.names}")
     return {f.name: fields[f.name] if f.name in fields else default(f.type) for f in schema}
+
+
+# a rollout of prompt tokens 5 6 and response 7 8 eos(2), and its values row: the roles' tests' common case
+def rollout(rid: str, group: str, reward: float, prompt=(5, 6), response=(7, 8, 2), version=0, **fields) -> dict:
+    return row("rollouts", rollout_id=rid, group_id=group, policy_version=version, reward=reward,
+               token_ids=[*prompt, *response], policy_mask=[0] * len(prompt) + [1] * len(response),
+               sampling_logprobs=[0.0] * len(prompt) + [-0.5] * len(response), privileged="42", **fields)
+
+
+def values_row(rid: str, values: list[float], version: int = 3) -> dict:
+    return row("values", rollout_id=rid, critic_version=version, values=values, valued_tokens=len(values))

@@ -3,9 +3,9 @@ warm-start role on tests/e2e_helpers.py's CHECKPOINT config, and made.json sayin
 
     python tests/make_version0.py            # remake it (~10-30 s on 2 cores), then commit tests/data/version0
 
-Remake it when tests/test_version0.py says the committed weights no longer fit the code (another model
+Remake it when tests/models/test_version0.py says the committed weights no longer fit the code (another model
 architecture or tokenizer), then remeasure the bounds that rest on it (CRITIC_EV_BOUND and the others that
-tests/e2e_helpers.py and tests/test_pipeline.py argue) and commit both together.
+tests/e2e_helpers.py and tests/e2e/test_pipeline.py argue) and commit both together.
 """
 
 from __future__ import annotations

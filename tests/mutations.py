@@ -50,12 +50,12 @@ class Mutation:
     own_checkpoint: bool = False  # it breaks the warm start: its tests make their own version 0 with the mutant
 
 
-E2E_GRPO = "tests/test_pipeline.py::test_pipeline_grpo_lockstep_starts_no_critic"
-E2E_TWO = "tests/test_pipeline.py::test_two_inference_workers_and_two_evaluators"
-E2E_COLOCATED = "tests/test_pipeline.py::test_pipeline_with_critic[colocated]"
-E2E_CPU = "tests/test_pipeline.py::test_pipeline_with_critic[cpu]"
-STEP = "tests/test_policy_step.py"
-WIRING = "tests/test_orchestrator_wiring.py"
+E2E_GRPO = "tests/e2e/test_pipeline.py::test_pipeline_grpo_lockstep_starts_no_critic"
+E2E_TWO = "tests/e2e/test_pipeline.py::test_two_inference_workers_and_two_evaluators"
+E2E_COLOCATED = "tests/e2e/test_pipeline.py::test_pipeline_with_critic[colocated]"
+E2E_CPU = "tests/e2e/test_pipeline.py::test_pipeline_with_critic[cpu]"
+STEP = "tests/roles/test_policy_step.py"
+WIRING = "tests/roles/test_orchestrator_wiring.py"
 DIRECTION = f"{STEP}::test_direction_gap_is_positive_after_a_correct_step_and_negative_after_a_flipped_one[clip]"
 
 MUTATIONS = [
@@ -117,12 +117,12 @@ MUTATIONS = [
              "prime_values/roles/orchestrator.py",
              "(step - 1) - queue[0].policy_version > max_off_policy:",
              "(step - 1) - queue[0].policy_version > max_off_policy + 1:",
-             ("tests/test_role_parts.py::test_drop_stale_keeps_exactly_max_off_policy_and_drops_one_more",)),
+             ("tests/roles/test_role_parts.py::test_drop_stale_keeps_exactly_max_off_policy_and_drops_one_more",)),
     Mutation("gae-drops-reward", "orchestrator", "advantages carry the verifier's reward",
              "prime_values/algo/gae.py",
              "    carry = last_reward + gamma * next_value  # Z_T",
              "    carry = 0 * last_reward + gamma * next_value  # mutation: Z_T without the reward",
-             ("tests/test_gae.py::test_gae_hand_worked_skips_environment_tokens",)),
+             ("tests/algo/test_gae.py::test_gae_hand_worked_skips_environment_tokens",)),
     # evaluator
     Mutation("evaluator-digest-of-another-rollout", "evaluator", "each values row is paired with its own rollout",
              "prime_values/roles/evaluator.py",
@@ -150,7 +150,7 @@ MUTATIONS = [
              "prime_values/critic_io.py",
              "    return optimizer_step(critic, optimizer, backward, ccfg.max_grad_norm)",
              "    return backward()  # mutation: no critic optimizer step",
-             ("tests/test_role_parts.py::test_critic_step_with_each_value_loss[mse-0.1-1.0]",)),
+             ("tests/roles/test_role_parts.py::test_critic_step_with_each_value_loss[mse-0.1-1.0]",)),
     Mutation("replay-age-unwired", "value trainer", "replay.max_age bounds the replay buffer",
              "prime_values/roles/value_trainer.py",
              "max_age=rcfg.max_age,",
@@ -160,7 +160,7 @@ MUTATIONS = [
              "prime_values/critic_io.py",
              "add_special_tokens=False) \\\n                if privileged else []",
              "add_special_tokens=False) \\\n                if privileged and False else []",
-             ("tests/test_role_parts.py::test_critic_inputs_put_the_answer_first_and_map_values_back",)),
+             ("tests/roles/test_role_parts.py::test_critic_inputs_put_the_answer_first_and_map_values_back",)),
     # warm start
     Mutation("warm-start-wrong-returns", "warm start", "the critic is pretrained on each rollout's own return",
              "prime_values/roles/warm_start.py",

@@ -1,6 +1,6 @@
 """The orchestrator's scoring as it was before the estimator registry (prime_values/roles/orchestrator.py at commit
 5e31f64, with algo.gae's batch_baseline_advantages of that commit), frozen: groups as nested dicts, one branch per
-estimator. tests/test_estimators.py checks that the registry's estimators give the same advantages, value targets,
+estimator. tests/algo/test_estimators.py checks that the registry's estimators give the same advantages, value targets,
 batch rows and metrics, bit for bit."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Drive the local cluster from Python: start it with some nodes, list them, and do to it what a real cluster's
-nodes and users do to a job (a node lost, a preempting job). Used by tests/test_slurm.py and bench/bench_nodes.py;
-needs root, as start.sh does.
+nodes and users do to a job (a node lost, a preempting job). Used by tests/launch/test_slurm.py and
+bench/bench_nodes.py; needs root, as start.sh does.
 
     import cluster                                    # with launchers/local_slurm on sys.path
     cluster.start(LOCAL_SLURM_NODES="2")              # two slurmd on this host; returns start.sh's ready line

@@ -157,7 +157,7 @@ def value_targets(settings: Any, group: Group) -> Tensor:
 class Gae(Estimator):
     """The pure value advantage (docs/design.md §3.1): GAE with λ_policy over policy tokens, with the critic's values
 
-        δ_k = r_k + γ·V(p_{k+1}) − V(p_k),   A_k = δ_k + γλ·A_{k+1}      (`algo.gae.gae`, tests/test_gae.py)
+        δ_k = r_k + γ·V(p_{k+1}) − V(p_k),   A_k = δ_k + γλ·A_{k+1}      (`algo.gae.gae`, tests/algo/test_gae.py)
     """
 
     uses_critic = True

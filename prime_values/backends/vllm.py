@@ -12,7 +12,7 @@
   that fails the backend refuses to sample (the role fails and is restarted with a fresh engine).
 - Sampling logprobs: the engine runs with `logprobs_mode="processed_logprobs"` and no top-k / top-p / min-p /
   penalties, so the sampled token's logprob is `log_softmax(logits / temperature)` -- the distribution it was
-  drawn from, what the hf backend returns and what the trainer recomputes (tests/test_vllm.py compares it with
+  drawn from, what the hf backend returns and what the trainer recomputes (tests/e2e/test_vllm.py compares it with
   transformers teacher forcing). `inference.dtype` (float32 by default) is the engine's dtype: a lower one is
   faster on a GPU and moves these logprobs away from the fp32 trainer's.
 - One request per rollout with its own seed (derived from the chunk's seed): a chunk is reproducible for the same

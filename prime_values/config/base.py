@@ -44,7 +44,7 @@ def ranged(default: Any, *bounds: str | tuple[str, str]) -> Any:
 
 def free(default: Any, why: str) -> Any:
     """A field with no generic rule: any value is valid, or a section's check says which are (`why` says which;
-    tests/test_config_rules.py requires it of every number without bounds and of every string that looks like a
+    tests/config/test_config_rules.py requires it of every number without bounds and of every string that looks like a
     closed set without choices)."""
     return field(default=default, metadata={"free": why})
 

@@ -1,5 +1,5 @@
 """docs/configuration.md from the dataclass docstrings: `python -m prime_values.config > docs/configuration.md`
-(tests/test_config.py checks it is current)."""
+(tests/config/test_config.py checks it is current)."""
 
 from __future__ import annotations
 

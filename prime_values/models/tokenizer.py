@@ -55,7 +55,7 @@ def ensure_pad_token(tokenizer):
     """Give a tokenizer without a pad token one (in place; returned): its unk token where that is not the EOS, else
     the EOS itself. Either is safe here: every mask in the project goes by length (`policy_mask`, the SFT labels),
     never by ``ids != pad``, so an EOS the policy must learn to emit is trained even when pad = eos
-    (tests/test_real_model.py); a distinct pad only keeps the two apart for readers of raw ids."""
+    (tests/models/test_real_model.py); a distinct pad only keeps the two apart for readers of raw ids."""
     if tokenizer.pad_token_id is None:
         unk = tokenizer.unk_token
         tokenizer.pad_token = unk if unk is not None and tokenizer.unk_token_id != tokenizer.eos_token_id \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build a venv with vLLM and run the vllm-marked tests (tests/test_vllm.py) in it. .ci/run calls it (the build
+# Build a venv with vLLM and run the vllm-marked tests (tests/e2e/test_vllm.py) in it. .ci/run calls it (the build
 # in the background while the main suite runs, then the tests); by hand:
 #
 #   bash tests/vllm/run.sh [pytest args...]    build the venv if it has no working vLLM, then pytest -m vllm
@@ -40,5 +40,5 @@ if [ "${1:-}" = "--build" ]; then
     exit 0
 fi
 cd "$REPO"
-"$VENV/bin/python" -m pytest -q -m vllm tests/test_vllm.py -p no:cacheprovider "$@"
+"$VENV/bin/python" -m pytest -q -m vllm tests/e2e/test_vllm.py -p no:cacheprovider "$@"
 echo "tests/vllm/run.sh: done in $(( $(date +%s) - began )) s"

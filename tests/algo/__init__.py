@@ -1,0 +1,1 @@
+"""Tests of the estimators' formulas (GAE, losses, EV, baselines), each worked by hand."""

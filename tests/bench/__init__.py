@@ -1,0 +1,1 @@
+"""Tests of the bench scripts' parsing, statistics and smoke runs."""

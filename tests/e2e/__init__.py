@@ -1,0 +1,1 @@
+"""Tests of whole pipelines that must learn: CPU, vision, GPU (marked) and vLLM (marked)."""

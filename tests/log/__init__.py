@@ -1,0 +1,1 @@
+"""Tests of the rollout log, replay, weights versions, the warm-start cache and the rollouts dataset."""

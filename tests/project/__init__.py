@@ -1,0 +1,1 @@
+"""Tests of rules over the whole repository: docs, lint, layering, product words."""

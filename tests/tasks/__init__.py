@@ -1,0 +1,1 @@
+"""Tests of the tasks, their verifiers and environments, hostile input, and a user's own task."""

@@ -1,0 +1,1 @@
+"""Tests of the run tools: check, show, the live view, wandb."""
