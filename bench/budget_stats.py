@@ -36,9 +36,11 @@ cost such as tokens, lower is better and the two swap); else "inconclusive". Equ
 **The A/A noise floor** (``compare`` on two cells that are the same configuration under two names, e.g.
 tether_g1 and gae_g1: tether's blend at G = 1 is gae; test_the_aa_floor_is_reported_like_any_other_difference): its
 paired difference is reported like any other. Its true value is 0; what it measures is how far two runs of one
-configuration from one seed drift apart (the asynchronous roles' timing picks other samples), the smallest
-difference a grid of this many seeds can resolve, and a sanity check of the intervals (a verdict other than
-"equivalent" or "inconclusive" on it is a false positive).
+configuration drift apart: from one seed (tether_g1 and gae_g1: the asynchronous roles' timing picks other
+samples), or from other seeds (a cell and its copy at `@seed_offset=N`, bench/equal_budget.py: needed where no
+critic runs, since a critic-free run at one seed repeats exactly), the smallest difference a grid of this many
+seeds can resolve, and a sanity check of the intervals (a verdict other than "equivalent" or "inconclusive" on it
+is a false positive).
 
 **The seeds a margin needs** (``seeds_needed``; test_seeds_needed_by_hand): the smallest n with
 ``n ≥ ((t_{0.975, n−1} + t_{0.8, n−1}) · sd / m)²``, sd the measured SD of the paired differences: the pairs with

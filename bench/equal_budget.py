@@ -145,13 +145,27 @@ def parse_cells(text: str, rollouts: int) -> list[tuple[str, str, int, list[str]
             raise SystemExit(f"--cells: G={g} does not divide --rollouts={rollouts} (prompts x samples per step)")
         if any("=" not in o or not set(o) <= set("abcdefghijklmnopqrstuvwxyz0123456789_.=-") for o in extra):
             raise SystemExit(f"--cells: {item!r}: what follows '@' must be key=value overrides of [a-z0-9_.-]")
+        if any(o.startswith(SEED_OFFSET) and not o[len(SEED_OFFSET):].isdigit() for o in extra):
+            raise SystemExit(f"--cells: {item!r}: seed_offset takes a whole number (an A/A cell: "
+                             "mean:1@seed_offset=1000)")
         name = f"{kind}_g{g}" + "".join(f"_{o.split('=', 1)[0]}{o.split('=', 1)[1]}" for o in extra)
         cells.append((name, kind, int(g), extra))
     return cells
 
 
+SEED_OFFSET = "seed_offset="  # a cell's own '@seed_offset=N': its run paired with RL seed S runs at seed S + N
+
+
+def seed_offset(extra: list[str]) -> int:
+    """The RL seed offset a cell's overrides name (0 when none): an A/A cell, the same configuration as another
+    under a second name, must run at other seeds. A run's own seed is its whole randomness where no critic runs
+    beside it (a critic-free run at one seed repeats exactly), so the same seed under two names measures nothing."""
+    return sum(int(o[len(SEED_OFFSET):]) for o in extra if o.startswith(SEED_OFFSET))
+
+
 def cell_overrides(kind: str, g: int, rollouts: int, extra: list[str] = ()) -> list[str]:
-    return [*KINDS[kind], f"inference.group_size={g}", f"inference.prompts_per_step={rollouts // g}", *extra]
+    return [*KINDS[kind], f"inference.group_size={g}", f"inference.prompts_per_step={rollouts // g}",
+            *(o for o in extra if not o.startswith(SEED_OFFSET))]
 
 
 def finished(run: Path, steps: int) -> bool:
@@ -250,12 +264,16 @@ def has_record(records: Path, key: dict, ckpt: int, sha: str, cell: str, seed: i
         return False
 
 
-def write_record(records: Path, key: dict, run: Path, out: Path, ckpt: int, sha: str) -> dict | None:
+def write_record(records: Path, key: dict, run: Path, out: Path, ckpt: int, sha: str,
+                 seed: int | None = None) -> dict | None:
     """The record of a finished run directory (None: not finished, nothing written), stamped (its date is its run's
-    own; a run found finished in <out> is recorded at this invocation's commit and machine); written atomically."""
+    own; a run found finished in <out> is recorded at this invocation's commit and machine); written atomically.
+    `seed`: the RL seed it is paired by, where the run's own (`rl_seed`) is offset from it (an A/A cell)."""
     rec = read_run(run, out / f"ckpt{ckpt}" / "base", ckpt)
     if rec is None or rec["status"] != "finished":
         return None
+    if seed is not None and seed != rec["seed"]:
+        rec.update(rl_seed=rec["seed"], seed=seed)
     rec.update(run=str(run.relative_to(out)), grid=key, checkpoint_sha=sha, ckpt=f"{ckpt}-{sha}")
     return common.write_record(record_path(records, ckpt, sha, rec["cell"], rec["seed"]), rec)
 
@@ -365,7 +383,7 @@ def run_grid(args, cells, overrides_all: list[str]) -> int:
                 if has_record(records, key, c, sha, name, s):
                     continue
                 if finished(run, args.steps):  # finished before its record was written
-                    write_record(records, key, run, out, c, sha)
+                    write_record(records, key, run, out, c, sha, s)
                     continue
                 if common.too_late(args.stop_after):
                     print(f"stop-after {args.stop_after} UTC passed: no new run started")
@@ -373,7 +391,8 @@ def run_grid(args, cells, overrides_all: list[str]) -> int:
                 shutil.rmtree(run, ignore_errors=True)
                 seed_run(base, run, ("policy",) if kind == "plain" else ("policy", "critic"))
                 try:
-                    rc = child(["-m", *overrides_all, *cell_overrides(kind, g, args.rollouts, extra), f"seed={s}",
+                    rc = child(["-m", *overrides_all, *cell_overrides(kind, g, args.rollouts, extra),
+                                f"seed={s + seed_offset(extra)}",
                                 *RUN_PINS.get(args.experiment, []),
                                 f"steps={args.steps}", f"eval_every={args.eval_every}", f"hydra.sweep.dir={sweep}",
                                 f"hydra.sweep.subdir=seed{s}"],
@@ -385,7 +404,7 @@ def run_grid(args, cells, overrides_all: list[str]) -> int:
                     print(f"    run {run} did not finish (rc {rc}); the next invocation restarts it")
                     failures += 1
                 else:
-                    write_record(records, key, run, out, c, sha)
+                    write_record(records, key, run, out, c, sha, s)
     return failures
 
 
@@ -705,10 +724,15 @@ CONTRASTS = (("gae_g1", "plain_g1", "the privileged answer"), ("gae_g1", "mean_g
 
 
 def aa_pairs(cells: set[str]) -> list[tuple[str, str, str]]:
-    """Cells that are one configuration under two names, (cell, other, label): tether at G = 1 is gae (a group of one
-    has no mean to blend with, docs/value_functions.md), with the same overrides after the name."""
+    """Cells that are one configuration under two names, (cell, other, label): a cell and its copy at other RL seeds
+    (`@seed_offset=N`); tether at G = 1 is gae (a group of one has no mean to blend with, docs/value_functions.md),
+    with the same overrides after the name."""
     out = []
     for c in sorted(cells):
+        same, offset, _ = c.rpartition("_" + SEED_OFFSET.rstrip("="))
+        if offset and same in cells:  # the same cell at other seeds
+            out.append((c, same, f"A/A: {c} − {same} (other RL seeds)"))
+            continue
         rest = c[len("tether_g1"):]
         if c.startswith("tether_g1") and (rest == "" or rest.startswith("_")) and "gae_g1" + rest in cells:
             out.append((c, "gae_g1" + rest, f"A/A: {c} − gae_g1{rest}"))  # not tether_g16: G = 16 has a mean

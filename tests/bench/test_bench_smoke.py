@@ -275,6 +275,14 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
         "inference.group_size=4", "inference.prompts_per_step=32", "policy.lr=5e-5"]
     with pytest.raises(SystemExit, match="key=value"):
         equal_budget.parse_cells("gae:4@lr", 128)
+    # an A/A cell: the same configuration at other RL seeds (a critic-free run at one seed repeats exactly)
+    assert equal_budget.parse_cells("mean:1@seed_offset=1000", 128) == [
+        ("mean_g1_seed_offset1000", "mean", 1, ["seed_offset=1000"])]
+    assert equal_budget.seed_offset(["seed_offset=1000", "policy.lr=1e-4"]) == 1000
+    assert equal_budget.seed_offset(["policy.lr=1e-4"]) == 0
+    assert "seed_offset=1000" not in equal_budget.cell_overrides("mean", 1, 128, ["seed_offset=1000"])
+    with pytest.raises(SystemExit, match="whole number"):
+        equal_budget.parse_cells("mean:1@seed_offset=x", 128)
 
 
 @pytest.mark.slow

@@ -212,6 +212,8 @@ def test_equal_budget_names_unstamped_records_and_finds_the_aa_pair(tmp_path):
 
     assert eb.aa_pairs({"gae_g1", "tether_g1", "tether_g1_policy.lr2e-4", "grpo_g8", "tether_g16", "gae_g16"}) == [
         ("tether_g1", "gae_g1", "A/A: tether_g1 − gae_g1")]  # the lr variant has no gae twin; G = 16 has a group mean
+    assert eb.aa_pairs({"mean_g1", "mean_g1_seed_offset1000", "gae_g1_seed_offset7"}) == [
+        ("mean_g1_seed_offset1000", "mean_g1", "A/A: mean_g1_seed_offset1000 − mean_g1 (other RL seeds)")]
     old = {**RUNS[0], "checkpoint_sha": "abc"}
     new = {**old, "commit": "5e31f64", "date": "2026-12-06", "cpu": "AMD EPYC", "cpu_flags": ["avx2"]}
     assert bs.unstamped([old, new]) == {"commit": 1, "date": 1, "cpu": 1, "cpu_flags": 1}
