@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 from prime_values.config.base import ConfigError, choice, free, ranged
 from prime_values.config.checks import declare, run_check
+from prime_values.config.stages import plan
 
 CUSTOM = "custom"
 """the `task` group option whose class `task.target` names (prime_values.tasks.CUSTOM, the same name)"""
@@ -364,10 +367,33 @@ class VisionTaskConfig(TaskConfig):
         if cfg.policy.model == "tiny":
             raise ConfigError("task=vision reads images, which policy.model=tiny (a text-only model) cannot see; "
                               "set policy=tiny_vl")
+        kind = "gguf" if str(cfg.policy.model).endswith(".gguf") else \
+            saved_model_type(cfg.policy.model) if environment else None
+        if kind not in (None, "qwen2_vl"):
+            raise ConfigError(f"policy.model={cfg.policy.model!r} is a text-only model (model_type {kind!r}), and "
+                              "task=vision reads images; set policy.model to a Qwen2-VL model: policy=tiny_vl "
+                              "(embedded) or policy=qwen2_vl_2b")
+        if "sft" in plan(cfg) and cfg.sft.from_run:
+            raise ConfigError(f"sft.from_run={cfg.sft.from_run!r}: task=vision trains on pictures, and SFT on an "
+                              "earlier run's rollouts reads their texts only; use sft.data=task (the task's pictures "
+                              "and answers)")
+        if "sft" in plan(cfg) and cfg.sft.data not in ("", "task"):
+            raise ConfigError(f"sft.data={cfg.sft.data!r}: task=vision trains on pictures, which a dataset's "
+                              "prompt/completion texts do not carry; use sft.data=task (the task's pictures and "
+                              "answers)")
         if cfg.policy.pack_sequences:
             raise ConfigError("policy.pack_sequences=true would lay several rollouts on one line, and a packed line "
                               "has no multimodal positions for their images; set policy.pack_sequences=false with "
                               "task=vision")
+
+
+def saved_model_type(model: str) -> str | None:
+    """The model_type in a saved model directory's config.json (None: not a directory with one, e.g. a hub id or
+    the embedded names; the loader reports what is wrong with those)."""
+    try:
+        return json.loads((Path(model) / "config.json").read_text()).get("model_type", "?")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 TASK_CONFIGS: dict[str, type[TaskConfig]] = {

@@ -219,10 +219,12 @@ class VisionInputs:
     [3, B, L] (what `model(input_ids=ids, attention_mask=mask, **inputs.kwargs)` needs)."""
 
     def __init__(self, model, ids: torch.Tensor, mask: torch.Tensor, images: list[list[bytes]],
-                 names: list[str] | None = None):
+                 names: list[str] | None = None, files: list[list[str]] | None = None):
         config = model.config
         image_id = config.image_token_id
-        pngs = [(png, (names or [f"of row {b}"] * len(images))[b]) for b, row in enumerate(images) for png in row]
+        pngs = [(png, f"{files[b][k]} (rollout {names[b]})" if files and names else
+                 f"of rollout {names[b]}" if names else f"of row {b}")
+                for b, row in enumerate(images) for k, png in enumerate(row)]
         self.mm_token_type_ids = (ids == image_id).int() * mask.int()
         processed = image_processor(config)(images=[decode_png(png, where) for png, where in pngs],
                                             return_tensors="pt") if pngs else None
@@ -259,7 +261,8 @@ class VisionInputs:
         (`attach_run_images`)."""
         store = image_store_of(model) if any(row.get("images") for row in rows) else None
         images = [[store.get(digest) for digest in row.get("images") or ()] for row in rows]
-        return cls(model, ids, mask, images, [row.get("rollout_id", str(b)) for b, row in enumerate(rows)])
+        files = [[str(store.path(digest)) for digest in row.get("images") or ()] for row in rows]
+        return cls(model, ids, mask, images, [row.get("rollout_id", str(b)) for b, row in enumerate(rows)], files)
 
 
 def reply_logits(config, logits: torch.Tensor) -> torch.Tensor:

