@@ -368,3 +368,56 @@ def test_concurrent_converters_publish_one_whole_directory_and_a_killed_one_leav
     assert sorted(p.name for p in target.iterdir()) == sorted(["config.json", "model.safetensors", gguf.DONE])
     assert [p.name for p in target.parent.iterdir() if p.name.startswith(".tmp-")] == []
     assert gguf.convert(str(source), cache) == target and len(calls) == 1  # cached from now on
+
+
+# --- the tools task on the real model: its chat template has no tool syntax, so the plain format -----------------
+
+TOOLS = ["+experiment=tools", "policy=smollm2_135m", "steps=2", "eval_every=2", "task.heldout_size=4",
+         "inference.prompts_per_step=2", "inference.group_size=2", "task.max_turns=3", "replay.min_rollouts=4",
+         "critic.batch_rollouts=4", "critic.publish_every=1", "critic.num_layers=2", "critic.max_length=96",
+         "policy.warm_start.steps=2", "policy.warm_start.batch_size=4", "policy.warm_start.target_accuracy=0",
+         "critic.warm_start.steps=0", "log.optimizer_state_every=0", "launcher.poll_s=0.2"]
+
+
+def test_the_real_models_chat_template_cannot_express_a_tool_call(smollm_dir):
+    """What recipes/tools.md says of SmolLM2: its template renders each message's role and content and nothing
+    else (no tool list, no call syntax), so task=tools plays the plain format on it."""
+    template = (smollm_dir / "chat_template.jinja").read_text()
+    assert "message['content']" in template and "tool" not in template
+
+
+@pytest.mark.slow
+@needs_smollm
+def test_the_real_model_plays_the_tools_task_in_the_plain_format(smollm_dir, tmp_path):
+    """+experiment=tools with policy=smollm2_135m through the same path as the embedded model: an SFT warm start on
+    the demonstrations in SmolLM2's BPE tokens, 2 RL steps. Every policy turn ends at <|im_end|> or is cut; every
+    environment reply between turns is masked and decodes to '=' and the tool's result logged for that call."""
+    from transformers import AutoTokenizer
+
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, "-m", "prime_values", *TOOLS, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "weights" / "policy" / "0")
+    rollouts = read_rows(run_dir, "rollouts")
+    assert rollouts
+    for r in rollouts:
+        calls = json.loads(r["task"])["calls"]
+        mask, ids = r["policy_mask"], r["token_ids"]
+        runs, start = [], None  # (start, end, is_policy) of each run of the mask after the prompt
+        first = mask.index(1)
+        for i in range(first, len(mask) + 1):
+            if i == len(mask) or (i > first and mask[i] != mask[i - 1]):
+                runs.append((start if start is not None else first, i, mask[i - 1]))
+                start = i
+        turns = [ids[a:b] for a, b, m in runs if m]
+        replies = [tokenizer.decode(ids[a:b]) for a, b, m in runs if not m]
+        assert len(turns) == len(calls) == json.loads(r["task"])["turns"] and len(replies) in (len(turns) - 1,
+                                                                                                len(turns))
+        assert all(EOS not in t[:-1] for t in turns)
+        for reply, call in zip(replies, calls):
+            assert reply == f"={call['result']}"  # what the tool answered, as masked tokens
+    check = subprocess.run([sys.executable, "-m", "prime_values.tools.check", str(run_dir)], capture_output=True,
+                           text=True, env=env)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
