@@ -538,11 +538,14 @@ def _mean_se(xs: list[float]) -> tuple[float | None, float | None]:
 
 def reference_cell(runs: list[dict]) -> str:
     """grpo tuned with the same grid as gae: of the grpo cells at G = 8 (grpo_g8 and its '@' variants), the one
-    with the highest mean final accuracy ("grpo_g8" when there is none)."""
+    with the highest mean final accuracy; in a grid without grpo at G = 8, the batch mean at G = 1 (mean_g1, the
+    control a critic at G = 1 must beat); "grpo_g8" when there is neither."""
     finals: dict[str, list[float]] = defaultdict(list)
     for r in runs:
         if r["kind"] == "grpo" and r["group_size"] == 8:
             finals[r["cell"]].append(r["final_accuracy"])
+    if not finals and any(r["cell"] == "mean_g1" for r in runs):
+        return "mean_g1"
     return max(finals, key=lambda c: (statistics.fmean(finals[c]), c == "grpo_g8"), default="grpo_g8")
 
 
@@ -809,14 +812,16 @@ def cells_table(runs: list[dict]) -> list[str]:
 
 
 def restate(records_root: Path = ROOT / "bench" / "records") -> str:
-    """Every committed grid under the protocol, from its records alone: the arith* grids (per grid parameters and
-    checkpoint, then the cells run on every checkpoint pooled) and the SmolLM2 grid (bench/smollm_grid.py's report)."""
+    """Every committed grid under the protocol, from its records alone: every experiment's grids under
+    bench/records/<experiment>/ckpt* (per grid parameters and checkpoint, then the cells run on every checkpoint
+    pooled) and the SmolLM2 grid (bench/smollm_grid.py's report)."""
     lines = ["# The critic study's grids under the protocol", "",
              "`python -m bench.equal_budget --restate` (from the committed records alone; docs/benchmarks.md, "
              "\"The critic study protocol\"). Per checkpoint: the cells, then every cell paired by seed against the "
-             "reference (grpo at G = 8 at its best learning rate), the contrasts, and the A/A cell where a grid has "
-             f"one. In the paired tables {PAIRED_HOW}"]
-    for experiment in ("arith", "arith_work", "arith_chain"):
+             "reference (grpo at G = 8 at its best learning rate; the batch mean at G = 1 in a grid without it), "
+             f"the contrasts, and the A/A cell where a grid has one. In the paired tables {PAIRED_HOW}"]
+    gridded = sorted(p.name for p in records_root.iterdir() if p.is_dir() and any(p.glob("ckpt*/*/seed*.json")))
+    for experiment in gridded:  # arith, arith_work, arith_chain, guess, ...
         folder = records_root / experiment
         grids: dict[str, list[dict]] = defaultdict(list)
         for path in sorted(folder.glob("ckpt*/*/seed*.json")):

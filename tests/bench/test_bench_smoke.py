@@ -261,6 +261,9 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
                                ("gae", 8, "gae_g8", 1.0))]
     assert equal_budget.reference_cell(runs) == "grpo_g8_policy.lr2e-4"
     assert equal_budget.reference_cell(runs[:2]) == "grpo_g8" and equal_budget.reference_cell([]) == "grpo_g8"
+    mean = [{"cell": "mean_g1", "kind": "mean", "group_size": 1, "final_accuracy": 0.5}]
+    assert equal_budget.reference_cell(mean) == "mean_g1"  # no grpo at G = 8: the batch mean at G = 1
+    assert equal_budget.reference_cell(runs + mean) == "grpo_g8_policy.lr2e-4"
     # resumable: finished after --steps is kept, anything else (stopped, fewer steps) is redone
     grpo = _budget_run(root, "grpo_g8", 0, "grpo", 8, (0.3, 0.4, 0.5), (0, 0, 9, 19, 20), equal=0.25)
     stopped = _budget_run(root, "gae_g1", 1, "gae", 1, (0.3, 0.45, 0.4), (0, 0, 9, 19, 20), status="stopped")
