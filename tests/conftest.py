@@ -17,9 +17,12 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -79,6 +82,27 @@ def _no_library_log_filter_left_behind():
         for f in list(handler.filters):
             if type(f).__name__ == "_OursOrWarnings":  # prime_values.conductor.quiet_libraries
                 handler.removeFilter(f)
+
+
+@pytest.fixture
+def outside_package(tmp_path, monkeypatch):
+    """`install(name, source) -> root`: a package `name` outside the repository (its __init__.py is `source`) on this
+    process's sys.path (a subprocess gets it with `root` on PYTHONPATH); forgotten by sys.modules after the test."""
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    installed = []
+
+    def install(name: str, source: str) -> Path:
+        (root / name).mkdir()
+        (root / name / "__init__.py").write_text(textwrap.dedent(source))
+        importlib.invalidate_caches()
+        installed.append(name)
+        return root
+
+    yield install
+    for name in installed:
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import textwrap
 from collections import deque
 from pathlib import Path
 
@@ -301,17 +300,10 @@ USER_MODULE = '''
 
 
 @pytest.fixture
-def user_package(tmp_path, monkeypatch):
-    """A package `pv_user_estimators` outside the repository, on this process's sys.path (a subprocess gets it on
-    PYTHONPATH)."""
-    root = tmp_path / "site"
-    (root / "pv_user_estimators").mkdir(parents=True)
-    (root / "pv_user_estimators" / "__init__.py").write_text(textwrap.dedent(USER_MODULE))
-    monkeypatch.syspath_prepend(str(root))
-    yield root
-    import sys
-
-    sys.modules.pop("pv_user_estimators", None)
+def user_package(outside_package):
+    """A package `pv_user_estimators` outside the repository (USER_MODULE), importable here and, with the returned
+    root on PYTHONPATH, in a subprocess."""
+    return outside_package("pv_user_estimators", USER_MODULE)
 
 
 def test_an_estimator_of_ones_own_by_import_path(user_package):

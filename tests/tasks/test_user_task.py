@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from omegaconf import OmegaConf
@@ -113,15 +112,10 @@ def not_a_class():
 
 
 @pytest.fixture
-def user_package(tmp_path, monkeypatch):
-    """A package `pv_user_rl` outside the repository, on this process's sys.path (a subprocess gets it on
-    PYTHONPATH)."""
-    root = tmp_path / "site"
-    (root / "pv_user_rl").mkdir(parents=True)
-    (root / "pv_user_rl" / "__init__.py").write_text(textwrap.dedent(USER_MODULE))
-    monkeypatch.syspath_prepend(str(root))
-    yield root
-    sys.modules.pop("pv_user_rl", None)
+def user_package(outside_package):
+    """A package `pv_user_rl` outside the repository (USER_MODULE), importable here and, with the returned root on
+    PYTHONPATH, in a subprocess."""
+    return outside_package("pv_user_rl", USER_MODULE)
 
 
 def custom(*overrides: str) -> str | None:
