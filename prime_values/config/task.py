@@ -343,6 +343,9 @@ class ToolsTaskConfig(TaskConfig):
     or after max_turns turns (reward 0)"""
     privileged_fact: bool = False
     """tools: the critic sees the looked-up fact after the answer ('689;k7=53'), not only the answer"""
+    demo_tool_rate: float = free(1.0, "0..1: prime_values/tasks/tools.py check_settings")
+    """tools: the share of the warm start's demonstrations of a problem that needs a tool that call it (chosen by a
+    hash of the prompt); the others answer at once, from memory, so RL has tool use left to raise (1.0: every one)"""
 
     @staticmethod
     def check(cfg, environment: bool) -> None:

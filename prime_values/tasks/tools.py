@@ -70,7 +70,7 @@ _VALUES = (10, 99)  # the encyclopedia's values: two digits each
 
 
 def check_settings(kinds: str, num_keys: int, calc_digits: int, max_arg_digits: int, max_call_chars: int,
-                   max_turns: int) -> None:
+                   max_turns: int, demo_tool_rate: float = 1.0) -> None:
     """The task's rules in one place (the constructor and prime_values/config/task.py call this before any job
     starts). Raises ValueError, one sentence naming the `task.*` key and the fix."""
     chosen = [k.strip() for k in kinds.split(",")] if isinstance(kinds, str) else []
@@ -87,6 +87,9 @@ def check_settings(kinds: str, num_keys: int, calc_digits: int, max_arg_digits: 
     if not longest <= max_call_chars <= 256:
         raise ValueError(f"task.max_call_chars={max_call_chars} must be in {longest}..256 (a calculator call of two "
                          f"{max_arg_digits}-digit operands takes {longest})")
+    if not 0.0 <= demo_tool_rate <= 1.0:
+        raise ValueError(f"task.demo_tool_rate={demo_tool_rate} must be in [0, 1] (the share of the warm start's "
+                         "demonstrations that call the tools a problem needs)")
     needed = max(_TURNS_NEEDED[k] for k in chosen)
     if not needed <= max_turns <= 32:
         raise ValueError(f"task.max_turns={max_turns} must be in {needed}..32: the demonstrations of "
@@ -196,8 +199,9 @@ class ToolsTask(TurnTask):
 
     def __init__(self, kinds: str = "calc,look,both,none", num_keys: int = 500, calc_digits: int = 2,
                  max_arg_digits: int = 4, max_call_chars: int = 24, max_turns: int = 4, privileged_fact: bool = False,
-                 heldout_size: int = 200, seed: int = 1234):
-        check_settings(kinds, num_keys, calc_digits, max_arg_digits, max_call_chars, max_turns)
+                 demo_tool_rate: float = 1.0, heldout_size: int = 200, seed: int = 1234):
+        check_settings(kinds, num_keys, calc_digits, max_arg_digits, max_call_chars, max_turns, demo_tool_rate)
+        self.demo_tool_rate = demo_tool_rate
         self.kinds = tuple(k.strip() for k in kinds.split(","))
         self.num_keys, self.calc_digits, self.max_arg_digits = num_keys, calc_digits, max_arg_digits
         self.max_call_chars, self.max_turns, self.privileged_fact = max_call_chars, max_turns, privileged_fact
@@ -263,8 +267,12 @@ class ToolsTask(TurnTask):
     # ------------------------------------------------------------------ the warm start's demonstrations
     def demonstration(self, problem: Problem) -> list[tuple[str, bool]]:
         """The right tool use played out: (text, is_policy) segments after the prompt, each reply the toolbox's
-        own; the caller appends eos to each policy segment and trains on those only."""
+        own; the caller appends eos to each policy segment and trains on those only. A problem that needs a tool
+        is demonstrated without it, the answer at once, unless its draw (a hash of the prompt and task.seed, the
+        same in every process) falls below ``demo_tool_rate``: a warm start that leaves RL room to raise tool use."""
         kind, x, y = problem.meta["kind"], problem.meta["x"], problem.meta["y"]
+        if NEEDS[kind] and not self.demonstrates_tools(problem):
+            return [(f"{ANSWER}({problem.answer})", True)]
         if kind == "calc":
             turns = [f"calc({x}*{y})"]
         elif kind == "look":
@@ -277,6 +285,12 @@ class ToolsTask(TurnTask):
         for call in turns:
             segments += [(call, True), (f"={self.toolbox.call(call)[2]}", False)]
         return segments + [(f"{ANSWER}({problem.answer})", True)]
+
+    def demonstrates_tools(self, problem: Problem) -> bool:
+        """Whether the warm start shows ``problem`` solved with its tools: a uniform draw in [0, 1) from a hash of
+        the prompt and task.seed below ``demo_tool_rate`` (1.0: always, 0.0: never)."""
+        digest = hashlib.sha256(f"tools-demo-{self.seed}-{problem.prompt}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2 ** 64 < self.demo_tool_rate
 
     def solution(self, problem: Problem) -> str:
         raise NotImplementedError("task=tools is multi-turn: its warm start trains on whole episodes "

@@ -171,11 +171,32 @@ def test_sft_batch_labels_the_policy_turns_and_their_eos_only():
             assert labels[0, i] == ids[0, i] and (ch == "E") == (int(ids[0, i]) == tok.eos_token_id), (i, ch)
 
 
+def test_a_warm_start_with_room_for_tool_use_answers_some_problems_at_once():
+    """task.demo_tool_rate: the share of tool problems demonstrated with their tools, the rest answered at once (the
+    right answer, from memory); the same problems in every process and at every rate below a problem's draw."""
+    problems = [p for p in ToolsTask(num_keys=50, seed=7, heldout_size=400).heldout() if p.meta["kind"] != "none"]
+    never, half, always = (ToolsTask(num_keys=50, seed=7, demo_tool_rate=r) for r in (0.0, 0.5, 1.0))
+    p = TASK.make_problem("both", 7, 13)
+    assert never.demonstration(p) == [(f"ans({BOOK[7] * 13})", True)]
+    assert always.demonstration(p) == TASK.demonstration(p) and len(always.demonstration(p)) == 5
+    assert never.demonstration(TASK.make_problem("none", 7, 8)) == [("ans(56)", True)]  # needs no tool either way
+    shown = [half.demonstrates_tools(q) for q in problems]
+    assert 0.4 < sum(shown) / len(shown) < 0.6 and len(problems) == 250
+    again = ToolsTask(num_keys=50, seed=7, demo_tool_rate=0.5)
+    assert [again.demonstrates_tools(q) for q in problems] == shown  # a hash of the prompt, not a random stream
+    low = ToolsTask(num_keys=50, seed=7, demo_tool_rate=0.25)
+    assert all(h for q, h in zip(problems, shown) if low.demonstrates_tools(q))  # nested: lower rates show fewer
+    assert not any(never.demonstrates_tools(q) for q in problems) and all(map(always.demonstrates_tools, problems))
+    assert [len(half.demonstration(q)) > 1 for q in problems] == shown
+
+
 def test_settings_are_checked_in_one_line_naming_the_key():
     for args, key in [(("calc,cook", 5, 2, 4, 24, 4), "task.kinds"), (("calc,calc", 5, 2, 4, 24, 4), "task.kinds"),
                       (("calc", 0, 2, 4, 24, 4), "task.num_keys"), (("calc", 5, 5, 4, 24, 4), "task.calc_digits"),
                       (("calc", 5, 2, 10, 40, 4), "task.max_arg_digits"),
-                      (("calc", 5, 2, 4, 10, 4), "task.max_call_chars"), (("both", 5, 2, 4, 24, 2), "task.max_turns")]:
+                      (("calc", 5, 2, 4, 10, 4), "task.max_call_chars"), (("both", 5, 2, 4, 24, 2), "task.max_turns"),
+                      (("calc", 5, 2, 4, 24, 4, 1.5), "task.demo_tool_rate"),
+                      (("calc", 5, 2, 4, 24, 4, -0.1), "task.demo_tool_rate")]:
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
             check_settings(*args)
 
