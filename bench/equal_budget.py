@@ -25,10 +25,13 @@ one from scratch (its run directory is removed and re-seeded: its figures then c
 
 Cells (`--cells`, `<kind>:<G>`, prompts per step = `--rollouts` / G): `grpo` (group mean), `gae` (privileged
 critic), `tether` (privileged critic blended with the group mean), `plain` (gae with critic.privileged=false),
-and the critic-free controls `mean` (advantage=batch_mean), `loo` (advantage=batch_loo) and `reinforce`.
-A cell may carry its own overrides after '@' (the learning-rate grid: `grpo:8@policy.lr=5e-5,gae:4@policy.lr=5e-5`,
-named grpo_g8_policy.lr5e-5, gae_g4_policy.lr5e-5). The target is grpo tuned with the same grid: of the grpo cells
-at G = 8 (grpo_g8 and its variants), the one with the highest mean final accuracy is the reference.
+the critic-free controls `mean` (advantage=batch_mean), `loo` (advantage=batch_loo) and `reinforce`, and the
+ceiling `oracle` (gae on critic=oracle's values, on a task that plays games on: `oracle:1@critic.oracle_samples=4`;
+the games it plays are not charged). A cell may carry its own overrides after '@' (the learning-rate grid:
+`grpo:8@policy.lr=5e-5,gae:4@policy.lr=5e-5`, named grpo_g8_policy.lr5e-5, gae_g4_policy.lr5e-5; λ:
+`oracle:1@advantage.lambda_policy=0.9`), and `@seed_offset=N` runs a copy of a cell at other RL seeds (an A/A cell).
+The target is grpo tuned with the same grid: of the grpo cells at G = 8 (grpo_g8 and its variants), the one with
+the highest mean final accuracy is the reference; a grid without them is read against the batch mean at G = 1.
 
 Generated tokens are counted from the rollout log, not from the config: every rollout inference wrote (the
 warm-up ones the orchestrator dropped and stale ones included), policy tokens only (`policy_mask`), up to the
@@ -103,12 +106,16 @@ KINDS = {
     "gae": ["advantage=gae", "critic.privileged=true"],
     "tether": ["advantage=tether", "critic.privileged=true"],
     "plain": ["advantage=gae", "critic.privileged=false"],
+    # the ceiling: GAE on the oracle's values (critic=oracle, the policy's own success rate from each state by
+    # critic.oracle_samples games played on; task=guess, tools, sudoku); the games it plays are not charged
+    "oracle": ["advantage=gae", "critic=oracle"],
     # the critic-free controls at any G (a baseline of the whole policy batch, or none)
     "mean": ["advantage=batch_mean"],
     "loo": ["advantage=batch_loo"],
     "reinforce": ["advantage=reinforce"],
 }
 CRITIC_FREE = {"grpo", "mean", "loo", "reinforce"}  # kinds that start no critic roles
+OWN_CRITIC = {"plain", "oracle"}  # kinds whose critic is not the base's privileged one (a run copies only the policy)
 ESTIMATOR_KIND = {"grpo": "grpo", "batch_mean": "mean", "batch_loo": "loo", "reinforce": "reinforce"}
 # the base's own sampling, pinned per experiment: the critic's warm start samples its rollouts as prompts x
 # inference.group_size, so a later change of the experiment's default G would make a rebuilt checkpoint another
@@ -389,7 +396,7 @@ def run_grid(args, cells, overrides_all: list[str]) -> int:
                     print(f"stop-after {args.stop_after} UTC passed: no new run started")
                     return failures
                 shutil.rmtree(run, ignore_errors=True)
-                seed_run(base, run, ("policy",) if kind == "plain" else ("policy", "critic"))
+                seed_run(base, run, ("policy",) if kind in OWN_CRITIC else ("policy", "critic"))
                 try:
                     rc = child(["-m", *overrides_all, *cell_overrides(kind, g, args.rollouts, extra),
                                 f"seed={s + seed_offset(extra)}",
@@ -476,10 +483,13 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
     trained = [m for m in policy if "loss" in m]
     if not evals or not trained:
         return None
-    kind = ESTIMATOR_KIND.get(cfg.advantage.estimator) or \
-        ("plain" if not cfg.critic.privileged else cfg.advantage.estimator)
-    # the critic's warm start: the base's (shared by every privileged run of the checkpoint) or the run's own
-    warm = dict(NO_WARM_START) if kind in CRITIC_FREE else warm_tokens(run if kind == "plain" else base)
+    kind = ESTIMATOR_KIND.get(cfg.advantage.estimator) or ("oracle" if cfg.critic.get("oracle_samples") else
+                                                            "plain" if not cfg.critic.privileged else
+                                                            cfg.advantage.estimator)
+    # the critic's warm start: the base's (shared by every privileged run of the checkpoint) or the run's own; the
+    # oracle has none, and the games it plays to value states are not in these counts (a ceiling, not a method)
+    warm = dict(NO_WARM_START) if kind in CRITIC_FREE or kind == "oracle" else \
+        warm_tokens(run if kind == "plain" else base)
     per_version, rollouts = generated_tokens(run)
     cumulative, tokens_before = 0, {}
     for version in range(max([*per_version, cfg.steps]) + 2):
@@ -510,7 +520,7 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
         "final_explained_variance": summary.get("final_explained_variance") if kind not in CRITIC_FREE else None,
         "groups_equal_reward": statistics.fmean(equal) if equal else None,
         "ev_curve": ev if kind not in CRITIC_FREE else [],  # (step, the orchestrator's critic EV on that batch)
-        "eval_costs": eval_costs(run, eval_rows, warm, own_warm_start=kind in CRITIC_FREE or kind == "plain"),
+        "eval_costs": eval_costs(run, eval_rows, warm, own_warm_start=kind in CRITIC_FREE or kind in OWN_CRITIC),
     }
 
 

@@ -286,6 +286,11 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     assert "seed_offset=1000" not in equal_budget.cell_overrides("mean", 1, 128, ["seed_offset=1000"])
     with pytest.raises(SystemExit, match="whole number"):
         equal_budget.parse_cells("mean:1@seed_offset=x", 128)
+    # the ceiling: gae on the oracle's values, its own critic (a run copies only the base's policy)
+    assert equal_budget.cell_overrides("oracle", 1, 128, ["critic.oracle_samples=4"]) == [
+        "advantage=gae", "critic=oracle", "inference.group_size=1", "inference.prompts_per_step=128",
+        "critic.oracle_samples=4"]
+    assert "oracle" in equal_budget.OWN_CRITIC and "oracle" not in equal_budget.CRITIC_FREE
 
 
 @pytest.mark.slow
