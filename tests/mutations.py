@@ -126,8 +126,8 @@ MUTATIONS = [
     # evaluator
     Mutation("evaluator-digest-of-another-rollout", "evaluator", "each values row is paired with its own rollout",
              "prime_values/roles/evaluator.py",
-             '"token_digest": token_digest(row["token_ids"])',
-             '"token_digest": token_digest(chunk[0]["token_ids"])',
+             '"token_digest": token_digest(row["token_ids"]), "scored_at": now})',  # the learnt critic's rows
+             '"token_digest": token_digest(chunk[0]["token_ids"]), "scored_at": now})',
              (E2E_TWO,)),
     Mutation("evaluator-constant-values", "evaluator", "the values are the critic's predictions",
              "prime_values/roles/evaluator.py",
