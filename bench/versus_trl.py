@@ -5,6 +5,7 @@ loss, optimiser, precision and held-out evaluation (docs/benchmarks.md, "Versus 
     pip install -e '.[peer]'                                       # TRL, pinned (never a core dependency)
     python -m bench.versus_trl --seeds 0,1,2,3,4                    # the README task, 100 steps, 3 cells a seed
     python -m bench.versus_trl --seeds 0 --steps 5 --records /tmp/vt # a smoke, records kept out of the repository
+    python -m bench.versus_trl --seeds 0,1,2,3,4 --micro-batch 32   # 4 forward/backwards a step on both sides
     python -m bench.versus_trl --report                             # table, ratios and the plot from the records
     python -m bench.versus_trl --smollm --seeds 0                   # the SmolLM2 recipe's step time (minutes a step)
     bash bench/versus_trl_gpu.sh                                    # on a lent GPU: --gpu, vLLM on both sides
@@ -568,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="policy steps (default: the mode's)")
     ap.add_argument("--eval-every", type=int, default=None, help="held-out evaluation period (default: the mode's)")
     ap.add_argument("--cells", default=None, help="comma-separated, of trl, grpo, readme (default: the mode's)")
+    ap.add_argument("--micro-batch", type=int, default=None,
+                    help="rollouts per forward/backward on both sides (policy.micro_batch_rollouts; TRL's "
+                         "per_device_train_batch_size with gradient accumulation); default: the mode's")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the TRL cell (default 2)")
     ap.add_argument("--label", default=None, help="records' folder (default: arith, smollm, or the mode's with "
                                                   "non-default steps)")
@@ -584,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smollm and args.gpu:
         ap.error("--smollm and --gpu are two modes: choose one")
     work = GPU if args.gpu else SMOLLM if args.smollm else ARITH
-    changes = {k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every)) if v is not None}
+    changes = {k: v for k, v in (("steps", args.steps), ("eval_every", args.eval_every),
+                                 ("micro_batch", args.micro_batch)) if v is not None}
     if args.cells:
         changes["cells"] = tuple(args.cells.split(","))
     if "steps" in changes:
@@ -593,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := [c for c in work.cells if c not in ("trl", "grpo", "readme")]:
         ap.error(f"--cells {','.join(unknown)}: choose from trl, grpo, readme")
     mode = "smollm_gpu" if args.gpu else work.experiment
-    label = args.label or (mode if not changes.keys() - {"cells"} else f"{mode}_steps{work.steps}")
+    label = args.label or (mode if not changes.keys() - {"cells"} else
+                           f"{mode}_steps{work.steps}" + (f"_mb{work.micro_batch}" if "micro_batch" in changes else ""))
     if not args.report:
         run_grid(work, args.seeds, list(work.cells), label, args.records, args.out, args.threads, args.force)
     report(args.records, label)

@@ -11,7 +11,8 @@ from bench.common import compose
 from bench.versus_trl import ARITH, GPU, SMOLLM, project_overrides, same_work, trl_arguments, warm_start_overrides
 
 
-@pytest.mark.parametrize("work", [ARITH, SMOLLM, GPU], ids=["arith", "smollm", "gpu"])
+@pytest.mark.parametrize("work", [ARITH, SMOLLM, GPU, dataclasses.replace(ARITH, micro_batch=32)],
+                         ids=["arith", "smollm", "gpu", "arith-micro-batches"])
 @pytest.mark.parametrize("cell", ["grpo", "readme"])
 def test_both_sides_are_set_to_the_same_work(work, cell, tmp_path):
     if cell not in work.cells:
