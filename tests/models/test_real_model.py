@@ -372,11 +372,11 @@ def test_concurrent_converters_publish_one_whole_directory_and_a_killed_one_leav
 
 # --- the tools task on the real model: its chat template has no tool syntax, so the plain format -----------------
 
-TOOLS = ["+experiment=tools", "policy=smollm2_135m", "steps=2", "eval_every=2", "task.heldout_size=4",
-         "inference.prompts_per_step=2", "inference.group_size=2", "task.max_turns=3", "replay.min_rollouts=4",
-         "critic.batch_rollouts=4", "critic.publish_every=1", "critic.num_layers=2", "critic.max_length=96",
+# grpo: no critic roles (the critic across tool turns is tested on the embedded model, tests/tasks/test_tools_task.py)
+TOOLS = ["+experiment=tools", "policy=smollm2_135m", "advantage=grpo", "steps=2", "eval_every=2",
+         "task.heldout_size=4", "inference.prompts_per_step=2", "inference.group_size=2", "task.max_turns=3",
          "policy.warm_start.steps=2", "policy.warm_start.batch_size=4", "policy.warm_start.target_accuracy=0",
-         "critic.warm_start.steps=0", "log.optimizer_state_every=0", "launcher.poll_s=0.2"]
+         "log.optimizer_state_every=0", "launcher.poll_s=0.2"]
 
 
 def test_the_real_models_chat_template_cannot_express_a_tool_call(smollm_dir):
@@ -390,7 +390,7 @@ def test_the_real_models_chat_template_cannot_express_a_tool_call(smollm_dir):
 @needs_smollm
 def test_the_real_model_plays_the_tools_task_in_the_plain_format(smollm_dir, tmp_path):
     """+experiment=tools with policy=smollm2_135m through the same path as the embedded model: an SFT warm start on
-    the demonstrations in SmolLM2's BPE tokens, 2 RL steps. Every policy turn ends at <|im_end|> or is cut; every
+    the demonstrations in SmolLM2's BPE tokens, 2 grpo steps. Every policy turn ends at <|im_end|> or is cut; every
     environment reply between turns is masked and decodes to '=' and the tool's result logged for that call."""
     from transformers import AutoTokenizer
 
