@@ -725,9 +725,9 @@ def sync_records(out: Path, records: Path, key: dict) -> None:
             continue
         ckpt, sha = int(base.parent.name[len("ckpt"):]), checkpoint_sha(base)
         for run in sorted(base.parent.glob("*/seed*")):
-            if (run / "config.yaml").exists() and not has_record(records, key, ckpt, sha, run.parent.name,
-                                                                   int(run.name[len("seed"):])):
-                write_record(records, key, run, out, ckpt, sha)
+            seed = int(run.name[len("seed"):])  # the seed it is paired by (an A/A cell's run seed is offset)
+            if (run / "config.yaml").exists() and not has_record(records, key, ckpt, sha, run.parent.name, seed):
+                write_record(records, key, run, out, ckpt, sha, seed)
 
 
 # contrasts the docs read, (cell, other, what it asks), where a grid has both cells
