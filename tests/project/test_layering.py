@@ -428,13 +428,13 @@ def imported_test_modules(source: str) -> list[str]:
 
 def test_no_test_module_imports_another():
     """Tests live in one folder per layer (tests/algo, tests/log, ...); what several share is a fixture in a
-    conftest.py or a helper module beside them, never another test module (which would run its tests twice under two
+    conftest.py or a shared module beside them, never another test module (which would run its tests twice under two
     names and tie two folders together)."""
     found = {str(p.relative_to(REPO)): imported_test_modules(p.read_text())
              for p in sorted((REPO / "tests").rglob("test_*.py"))}
     assert len(found) > 50 and not (REPO / "tests" / "test_gae.py").exists()
     offenders = {path: names for path, names in found.items() if names}
-    assert not offenders, f"move what these share into a conftest.py or a helper module: {offenders}"
+    assert not offenders, f"move what these share into a conftest.py or a shared module: {offenders}"
     assert imported_test_modules("from tests.algo.test_gae import x\nimport os\n") == ["tests.algo.test_gae"]
     assert imported_test_modules("def f():\n    from tests.roles import test_dist\n") == ["tests.roles.test_dist"]
 

@@ -14,7 +14,7 @@ import torch
 from prime_values.__main__ import precheck
 from prime_values.tasks import ReverseTextTask, make_task
 from prime_values.tasks.reverse_text import levenshtein, similarity
-from tests.tasks.helpers import mask_runs, verifiers_cfg
+from tests.tasks.shared import mask_runs, verifiers_cfg
 
 
 # ---------------------------------------------------------------------------------------------- reverse_text

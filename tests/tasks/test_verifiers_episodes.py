@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from prime_values.tasks import make_task
-from tests.tasks.helpers import mask_runs, verifiers_cfg
+from tests.tasks.shared import mask_runs, verifiers_cfg
 
 FOLLOW_UP_ENV = '''
 import verifiers.v1 as vf

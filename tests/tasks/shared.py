@@ -1,4 +1,4 @@
-"""Helpers shared by the task tests: a verifiers task's config, and the runs of a policy mask."""
+"""What the task tests share: a verifiers task's config, and the runs of a policy mask."""
 
 from __future__ import annotations
 
