@@ -73,7 +73,7 @@ class TurnTask:
             state, partial = self.replayed(tokenizer, problem, token_ids, policy_mask)
             episodes += [Episode(k, state.copy(), list(token_ids), list(policy_mask), [0.0] * len(token_ids),
                                  partial=list(partial)) for _ in range(num_samples)]
-        self._play(model, tokenizer, episodes, max_new_tokens, temperature, seed, batch_size)
+        self._play(model, tokenizer, episodes, max_new_tokens, temperature, seed, batch_size, by_length=True)
         out: list[list[EnvRollout]] = [[] for _ in starts]
         for e in episodes:
             out[e.prompt_index].append(self.finished(e))
@@ -95,8 +95,11 @@ class TurnTask:
         return state, turn
 
     def _play(self, model, tokenizer, episodes: list[Episode], max_new_tokens: int, temperature: float, seed: int,
-              batch_size: int | None) -> None:
-        """Play every episode to its end: one batched decode per round of the live episodes' turns."""
+              batch_size: int | None, by_length: bool = False) -> None:
+        """Play every episode to its end: one batched decode per round of the live episodes' turns. `by_length`:
+        each round's episodes are decoded shortest first, so a batch pads to lengths close to its own (the
+        continuations of many states of different depths: about a fifth fewer tokens computed); off for `rollout`,
+        whose episodes of one round have nearly one length, so a seed draws what it drew before."""
         from prime_values.models.sampling import sample
 
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -109,6 +112,8 @@ class TurnTask:
             for e in live:
                 groups.setdefault(max_new_tokens - len(e.partial), []).append(e)
             for allowed, group in groups.items():
+                if by_length:
+                    group.sort(key=lambda e: len(e.token_ids))  # stable: a state's samples stay together
                 if allowed <= 0:
                     completions = [None] * len(group)
                 else:
