@@ -6,6 +6,8 @@ loss, optimiser, precision and held-out evaluation (docs/benchmarks.md, "Versus 
     python -m bench.versus_trl --seeds 0,1,2,3,4                    # the README task, 100 steps, 3 cells a seed
     python -m bench.versus_trl --seeds 0 --steps 5 --records /tmp/vt # a smoke, records kept out of the repository
     python -m bench.versus_trl --seeds 0,1,2,3,4 --micro-batch 32   # 4 forward/backwards a step on both sides
+    python -m bench.versus_trl --seeds 0,1,2 --cells trl,readme --readme-overrides 'replay.ratio=0.5'
+                                                                    # the README cell with a cheaper critic
     python -m bench.versus_trl --report                             # table, ratios and the plot from the records
     python -m bench.versus_trl --smollm --seeds 0                   # the SmolLM2 recipe's step time (minutes a step)
     bash bench/versus_trl_gpu.sh                                    # on a lent GPU: --gpu, vLLM on both sides
@@ -82,6 +84,7 @@ class Work:
     cells: tuple = ("trl", "grpo", "readme")
     step_window: tuple = (1, 100)   # the steps whose median step time is reported
     device: str = "cpu"             # every role's device (topology=gpu1, inference=vllm) / TRL's (use_vllm colocated)
+    readme_extra: tuple = ()        # the README cell's own overrides (its critic's cost: replay.ratio=0.5, ...)
 
     @property
     def rollouts_per_step(self) -> int:
@@ -131,7 +134,7 @@ def project_overrides(work: Work, cell: str, seed: int, policy_dir: Path | str) 
             f"policy.clip_low={work.clip}", f"policy.clip_high={work.clip}", "policy.kl_coef=0.0",
             f"policy.dtype={work.precision}", f"policy.micro_batch_rollouts={work.micro_batch}",
             "policy.activation_checkpointing=false", "advantage.grpo_std=false", "advantage.whiten=false",
-            "log.plots=false", *device_overrides(work)]
+            "log.plots=false", *device_overrides(work), *(work.readme_extra if cell == "readme" else ())]
 
 
 def device_overrides(work: Work) -> list[str]:
@@ -433,8 +436,10 @@ class _null:
 
 # -------------------------------------------------------------------------------------------------- the grid
 def same_work(work: dict | None) -> dict | None:
-    """What makes two records' work the same (which cells ran beside it does not)."""
-    return None if work is None else {k: v for k, v in work.items() if k != "cells"}
+    """What makes two records' work the same (which cells ran beside it does not; a record made before
+    `readme_extra` existed had none)."""
+    return None if work is None else {k: v for k, v in work.items()
+                                      if k != "cells" and not (k == "readme_extra" and not v)}
 
 
 def record_path(records: Path, label: str, cell: str, seed: int) -> Path:
@@ -572,6 +577,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=None,
                     help="rollouts per forward/backward on both sides (policy.micro_batch_rollouts; TRL's "
                          "per_device_train_batch_size with gradient accumulation); default: the mode's")
+    ap.add_argument("--readme-overrides", default=None,
+                    help="space-separated overrides of the readme cell only (what its critic costs: "
+                         "'replay.ratio=0.5'); the records go to their own label")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the TRL cell (default 2)")
     ap.add_argument("--label", default=None, help="records' folder (default: arith, smollm, or the mode's with "
                                                   "non-default steps)")
@@ -592,6 +600,8 @@ def main(argv: list[str] | None = None) -> int:
                                  ("micro_batch", args.micro_batch)) if v is not None}
     if args.cells:
         changes["cells"] = tuple(args.cells.split(","))
+    if args.readme_overrides:
+        changes["readme_extra"] = tuple(args.readme_overrides.split())
     if "steps" in changes:
         changes["step_window"] = (min(work.step_window[0], changes["steps"]), changes["steps"])
     work = dataclasses.replace(work, **changes)
@@ -599,7 +609,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--cells {','.join(unknown)}: choose from trl, grpo, readme")
     mode = "smollm_gpu" if args.gpu else work.experiment
     label = args.label or (mode if not changes.keys() - {"cells"} else
-                           f"{mode}_steps{work.steps}" + (f"_mb{work.micro_batch}" if "micro_batch" in changes else ""))
+                           f"{mode}_steps{work.steps}" + (f"_mb{work.micro_batch}" if "micro_batch" in changes else "")
+                           + "".join(f"_{o.replace('=', '')}" for o in work.readme_extra))
     if not args.report:
         run_grid(work, args.seeds, list(work.cells), label, args.records, args.out, args.threads, args.force)
     report(args.records, label)

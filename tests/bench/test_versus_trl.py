@@ -4,6 +4,7 @@ arguments say the same budget, sampling, loss, optimiser and precision (no TRL t
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -58,6 +59,17 @@ def test_both_sides_are_set_to_the_same_work(work, cell, tmp_path):
     assert {cfg.topology[r] for r in roles} == {work.device}
     assert args["use_cpu"] == (work.device == "cpu")
     assert (cfg.inference.backend == "vllm") == args.get("use_vllm", False) == (work.device != "cpu")
+
+
+def test_the_readme_cell_s_own_overrides_reach_it_alone(tmp_path):
+    work = dataclasses.replace(ARITH, readme_extra=("replay.ratio=0.5",))
+    readme = compose(project_overrides(work, "readme", 0, tmp_path / "policy0"))
+    grpo = compose(project_overrides(work, "grpo", 0, tmp_path / "policy0"))
+    assert readme.replay.ratio == 0.5 and grpo.replay.ratio == compose(["+experiment=arith"]).replay.ratio != 0.5
+    # a record of the default work (made before the key existed) is the same work; one with overrides is not
+    default = json.loads(json.dumps(dataclasses.asdict(ARITH)))
+    assert same_work({k: v for k, v in default.items() if k != "readme_extra"}) == same_work(default)
+    assert same_work(json.loads(json.dumps(dataclasses.asdict(work)))) != same_work(default)
 
 
 @pytest.mark.parametrize("work", [ARITH, SMOLLM, GPU], ids=["arith", "smollm", "gpu"])
