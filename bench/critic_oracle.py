@@ -1,6 +1,7 @@
 """How good could the critic be? A run's critic against the exact oracle value, on fresh rollouts of one policy.
 
     python -m bench.critic_oracle <run dir> [--version V] [--critic C] [--prompts 256] [--temperature T]
+        [--record bench/records/<experiment>/certify/<name>.json]
 
 For a task whose reward is exact match with one reference string (arith), the value of every state under the
 policy is known exactly, with no Monte-Carlo noise: V*(s_t) = 1[response so far == reference prefix] *
@@ -22,6 +23,10 @@ by playing ``--samples`` K games on from every policy state with the same policy
 reward (a binomial mean: its own variance p(1 - p) / K makes the oracle's EV a slight underestimate). Positions are
 then policy tokens counted from the first guess; the "critic against the oracle" line is
 1 - Var(V* - V) / Var(V*), how much of the oracle's own variation the critic reproduces.
+
+`--record` writes the figures as a stamped record (bench.common.write_record): the three EVs, each position's, the
+run's critic and warm-start settings, and the command; a certification of a critic warm start is such a record
+(recipes/guess.md, "Which critic warm start").
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
-from bench.common import add_run, run_config
+from bench.common import add_run, command_line, run_config, write_record
 from prime_values.algo.gae import explained_variance
 from prime_values.critic_io import CriticInputs
 from prime_values.models import load_critic, load_policy
@@ -113,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--samples", type=int, default=16,
                         help="games played on from each state for the Monte-Carlo oracle (task=guess)")
+    parser.add_argument("--record", type=Path, default=None, help="write the figures to this JSON record")
     args = parser.parse_args(argv)
     cfg = run_config(args.run)
     mc = cfg.task.name == "guess"
@@ -168,11 +176,26 @@ def main(argv: list[str] | None = None) -> int:
           + (f"  ({args.samples} games per state)" if mc else ""))
     against = explained_variance(learnt, oracle, everywhere)
     print(f"critic against the oracle: 1 - Var(V* - V) / Var(V*) = {against:.3f}")
+    positions = []
     for j in range(int(position.max()) + 1):
         at = position == j
         if int(at.sum()) >= 20:  # explained_variance is nan where every return at j is the same
-            print(f"  position {j}: {int(at.sum()):5d} states  oracle {explained_variance(oracle, returns, at):.3f}"
-                  f"  critic {explained_variance(learnt, returns, at):.3f}")
+            positions.append({"position": j, "states": int(at.sum()),
+                              "oracle_ev": explained_variance(oracle, returns, at),
+                              "critic_ev": explained_variance(learnt, returns, at),
+                              "critic_against_oracle": explained_variance(learnt, oracle, at)})
+            print(f"  position {j}: {int(at.sum()):5d} states  oracle {positions[-1]['oracle_ev']:.3f}"
+                  f"  critic {positions[-1]['critic_ev']:.3f}")
+    if args.record:
+        write_record(args.record, {
+            "what": "a critic against the oracle on fresh rollouts of one policy version", "run": str(args.run),
+            "policy_version": version, "critic_version": critic_version, "prompts": args.prompts, "group": group,
+            "temperature": temperature, "samples_per_state": args.samples if mc else None, "seed": args.seed,
+            "states": len(returns), "reward": float(returns.mean()), "oracle_ev": o, "critic_ev": c,
+            "critic_against_oracle": against, "positions": positions,
+            "critic": OmegaConf.to_container(cfg.critic, resolve=True), "task": OmegaConf.to_container(cfg.task),
+            "command_line": command_line("critic_oracle", argv)})
+        print(f"record {args.record}")
     return 0
 
 

@@ -115,6 +115,25 @@ def test_critic_curve_runs_on_a_run_directory(tmp_path):
 
 
 @pytest.mark.slow
+def test_critic_oracle_writes_a_record(tmp_path):
+    """bench/critic_oracle.py --record on a tiny run directory: the stamped record holds the printed EVs and one
+    entry per position, the critic's settings and the command."""
+    import json
+
+    run = tiny_run_dir(tmp_path / "run")
+    record = tmp_path / "certify" / "v0.json"
+    out = subprocess.run([sys.executable, "-m", "bench.critic_oracle", str(run), "--prompts", "16", "--group", "4",
+                          "--record", str(record)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rec = json.loads(record.read_text())
+    printed = re.search(r"oracle (-?\d+\.\d+)  critic (-?\d+\.\d+)", out.stdout)
+    assert printed and (f"{rec['oracle_ev']:.3f}", f"{rec['critic_ev']:.3f}") == printed.groups(), out.stdout
+    assert 0 < rec["oracle_ev"] <= 1, "the exact oracle explains nothing: the rewards did not vary"
+    assert rec["positions"] and rec["positions"][0]["position"] == 0 and rec["states"] > 0
+    assert rec["critic"]["loss"] and rec["commit"] and "--record" in rec["command_line"]
+
+
+@pytest.mark.slow
 def test_prompt_success_features_and_end_to_end(tmp_path):
     """bench/prompt_success.py: hand-worked features; a ridge fit recovers a linear target; the script runs on a
     tiny run directory and prints the oracle's position-0 explained variance and one line per predictor."""
