@@ -98,16 +98,12 @@ class TopologyConfig:
     """torch CPU threads of each policy trainer process; 0 = as threads_per_role. Where the policy trainer computes
     nearly all the time and the other roles mostly wait (a real model on a few cores: recipes/smollm.md), it may take
     more than an even share"""
-    evaluator_threads: int = ranged(0, ">= 0")
-    """torch CPU threads of each dedicated evaluator process; 0 = as threads_per_role. Where the evaluator computes
-    nearly all the time and the other roles mostly wait for it (the oracle critic, critic.oracle_samples > 0: the
-    policy trainer waits for its values), it may take more than an even share"""
     lend_idle_cores: bool = True
     """with the local launcher, every role on the CPU and the threads left to auto (no OMP_NUM_THREADS,
-    threads_per_role, policy_trainer_threads and evaluator_threads 0) and one policy trainer process: an inference
-    worker lends its cores while it waits, and the policy trainer borrows them before each micro-batch, keeping them
-    to the step's end (launch/cores.py: never more threads than the cores no other role is computing on). false: the
-    static split of threads_per_role"""
+    threads_per_role and policy_trainer_threads 0) and one policy trainer process: an inference worker lends its
+    cores while it waits, and the policy trainer borrows them before each micro-batch, keeping them to the step's
+    end (launch/cores.py: never more threads than the cores no other role is computing on). false: the static split
+    of threads_per_role"""
     solo_threads_slowdown: float = ranged(3.0, ">= 0")
     """the warm start runs alone with every core's thread (launch.solo_threads), but where other processes share the
     cores one descheduled thread stalls the whole OpenMP team at every barrier; so it times its SFT and critic

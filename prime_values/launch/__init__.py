@@ -98,16 +98,13 @@ def job_device(device: str) -> str:
 
 def role_threads(cfg, environ=os.environ, role: str = "") -> int:
     """torch CPU threads of one role process of `cfg` (a prepared config): topology.policy_trainer_threads for a
-    policy trainer process and topology.evaluator_threads for an evaluator when set; topology.threads_per_role when
-    set;
+    policy trainer process when set; topology.threads_per_role when set;
     for 0 (auto), OMP_NUM_THREADS when set, a SLURM step's own CPUs (SLURM_CPUS_PER_TASK: the submitter sized the
     step), else the cores this process may run on split evenly among the run's CPU processes
     (resolved.cpu_processes), at least 1. Worked: 2 cores, 4 processes -> 1 each; 16 cores, 4 -> 4; 7 cores, 3 -> 2
     (one core left to the orchestrator and the conductor)."""
     if role.startswith("policy_trainer") and cfg.topology.get("policy_trainer_threads"):
         return int(cfg.topology.policy_trainer_threads)
-    if role.startswith("evaluator") and cfg.topology.get("evaluator_threads"):
-        return int(cfg.topology.evaluator_threads)
     if cfg.topology.threads_per_role:
         return int(cfg.topology.threads_per_role)
     if environ.get("OMP_NUM_THREADS", "").isdigit():  # the environment's own choice, as for solo_threads

@@ -70,8 +70,7 @@ def core_share(cfg, role: str, device: str, threads: int, directory: Path, envir
     topo = cfg.topology
     applies = (topo.get("lend_idle_cores", False) and cfg.launcher.name == "local" and device == "cpu"
                and not environ.get("OMP_NUM_THREADS") and not topo.threads_per_role
-               and not topo.policy_trainer_threads and not topo.get("evaluator_threads")
-               and topo.policy_trainer_procs == 1
+               and not topo.policy_trainer_threads and topo.policy_trainer_procs == 1
                and topo.value_trainer_procs == 1 and topo.policy_trainer_device == "cpu"
                and role.startswith(("inference", "evaluator", "value_trainer", "policy_trainer")))
     if not applies:

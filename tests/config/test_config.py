@@ -254,11 +254,6 @@ def test_role_threads_split_the_cores_among_the_cpu_processes(monkeypatch):
     trainer_two.topology.policy_trainer_threads = 2  # the policy trainer's own budget; the other roles keep theirs
     assert role_threads(trainer_two, environ={}, role="policy_trainer") == 2
     assert role_threads(trainer_two, environ={}, role="inference0") == role_threads(cfg(processes=4), environ={})
-    evaluator_two = cfg(processes=4)
-    evaluator_two.topology.evaluator_threads = 2  # the oracle's evaluator, which the other roles wait for
-    assert role_threads(evaluator_two, environ={}, role="evaluator") == 2
-    assert role_threads(evaluator_two, environ={}, role="evaluator1") == 2
-    assert role_threads(evaluator_two, environ={}, role="policy_trainer") == role_threads(cfg(processes=4), environ={})
     from tests.e2e_helpers import compose
 
     two_ranks = compose(["+experiment=arith", "topology.policy_trainer_procs=2"])

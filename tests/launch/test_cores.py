@@ -113,7 +113,6 @@ def test_the_guard_hand_worked():
     ({"topology.lend_idle_cores": False}, False),
     ({"launcher.name": "slurm"}, False),
     ({"topology.threads_per_role": 2}, False),
-    ({"topology.evaluator_threads": 2}, False),  # a static split: the oracle's evaluator takes the cores
     ({"topology.policy_trainer_procs": 2}, False),
     ({"device": "cuda:0"}, False),
     ({"role": "orchestrator"}, False),
