@@ -170,3 +170,24 @@ def test_continuations_play_on_from_a_state_mid_game_and_mid_turn():
         assert first[0] == enc("7")[0] and len(first) <= 3
     with pytest.raises(ValueError, match="not before a policy token"):
         task.continuations(model, tok, [(problem, enc("1-10?") + enc("7") + [eos], [0] * 5 + [1, 1])], 1, 3, 1.0, 0)
+
+
+def test_continuations_of_states_of_different_lengths_keep_each_sample_with_its_own_state():
+    """States of one round decoded shortest first (by_length) get back the samples drawn from their own prefix: each
+    game's first new token has the logprob the policy gives it after that game's own state."""
+    from prime_values.models.sampling import teacher_forced_logprobs
+
+    tok = build_char_tokenizer()
+    task = GuessTask(min_number=8, max_number=12, max_turns=3, feedback="direction")
+    model = build_tiny_policy(tok, seed=0).eval()
+    problem = task.make_problem(10, 7)
+    enc = lambda text: tok.encode(text, add_special_tokens=False)
+    longer = (enc("1-10?") + enc("5") + [tok.eos_token_id] + enc(">"), [0] * 5 + [1, 1] + [0])
+    shorter = (enc("1-10?"), [0] * 5)
+    out = task.continuations(model, tok, [(problem, *longer), (problem, *shorter)], num_samples=3,
+                             max_new_tokens=3, temperature=1.0, seed=0)
+    for (ids, _), games in zip([longer, shorter], out):
+        for r in games:
+            (want,) = teacher_forced_logprobs(model, [ids], [r.token_ids[len(ids):len(ids) + 1]], 1.0,
+                                              tok.pad_token_id)
+            assert r.logprobs[len(ids)] == pytest.approx(want[0], abs=1e-4)
