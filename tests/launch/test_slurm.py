@@ -230,7 +230,7 @@ def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
     roles share), each role an srun step of it (the policy trainer two processes). A killed role comes back as a
     new step of the same allocation; a requeued allocation (what a node failure or preemption does) resumes the run.
     It finishes, nothing is left queued, and prime_values.tools.check finds nothing lost."""
-    from prime_values.tools.chaos import kill_role
+    from prime_values.tools.chaos import kill_role, recovery_times
 
     run_dir = tmp_path / "run"
     args = [o for o in PIPELINE if not o.startswith(("steps=", "eval_every="))] + ["steps=10", "eval_every=10"]
@@ -239,8 +239,15 @@ def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
                             env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
     try:
         _wait_step(run_dir, 2, proc)
+        killed_at = time.time()
         assert kill_role(run_dir, "inference0"), "no inference0 process to kill"
         _wait_step(run_dir, 4, proc)
+        # the policy may reach step 4 on rollouts already queued: requeue only once the replacement step has
+        # written a segment, so that the allocation holds the three inference0 steps asserted below
+        deadline = time.monotonic() + 300
+        while recovery_times(run_dir, [{"role": "inference0", "at": killed_at}]) == [None]:
+            assert proc.poll() is None and time.monotonic() < deadline, "no inference0 segment after the kill"
+            time.sleep(0.5)
         pipeline = [p.name.split("_")[0] for p in (run_dir / "jobs" / "pipeline").glob("*_submitted.pkl")]
         assert len(pipeline) == 1, pipeline
         subprocess.run(["scontrol", "requeue", pipeline[0]], check=True, capture_output=True)
