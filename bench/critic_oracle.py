@@ -43,6 +43,7 @@ from bench.common import add_run, command_line, run_config, write_record
 from prime_values.algo.gae import explained_variance
 from prime_values.critic_io import CriticInputs
 from prime_values.models import load_critic, load_policy
+from prime_values.roles.evaluator import oracle_values as played_on_values
 from prime_values.rollout import sample_and_score
 from prime_values.tasks import make_task
 from prime_values.tasks.pool import training_prompts
@@ -92,24 +93,6 @@ def rollout_oracle_values(policy, tokenizer, problems, rollouts, temperature: fl
     return out
 
 
-def mc_oracle_values(policy, tokenizer, task, problems, rollouts, samples: int, max_new_tokens: int,
-                     temperature: float, seed: int) -> list[list[float]]:
-    """V*(s_j) estimated at every policy token j of every rollout: the mean reward of ``samples`` games played on
-    from the state before token j (``task.continuations``, all states in one batched play)."""
-    starts, where = [], []
-    for b, r in enumerate(rollouts):
-        for j, m in enumerate(r.policy_mask):
-            if m:
-                starts.append((problems[r.prompt_index], list(r.token_ids[:j]), list(r.policy_mask[:j])))
-                where.append(b)
-    games = task.continuations(policy, tokenizer, starts, samples, max_new_tokens, temperature, seed,
-                               batch_size=1024)
-    out: list[list[float]] = [[] for _ in rollouts]
-    for b, played in zip(where, games):
-        out[b].append(sum(g.reward for g in played) / len(played))
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run(parser)
@@ -152,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         inputs = CriticInputs.of(rows, tokenizer, cfg.critic)
         critic_v = inputs.values(critic, cfg.critic.loss)
     if mc:
-        all_values = mc_oracle_values(policy, tokenizer, task, problems, rollouts, args.samples,
-                                      cfg.inference.max_new_tokens, temperature, args.seed + 1)
+        full = played_on_values(policy, tokenizer, task, rows, args.samples, cfg.inference.max_new_tokens,
+                                temperature, args.seed + 1)  # the evaluator's oracle (critic=oracle), at every token
+        all_values = [[v for v, m in zip(values, r.policy_mask) if m] for values, r in zip(full, rollouts)]
     else:
         all_values = rollout_oracle_values(policy, tokenizer, problems, rollouts, temperature)
     oracle, learnt, returns, position = [], [], [], []

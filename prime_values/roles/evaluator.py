@@ -25,35 +25,42 @@ if TYPE_CHECKING:
     from prime_values.config import Config
 
 
+def oracle_values(policy, tokenizer, task, rows: list[dict], samples: int, max_new_tokens: int, temperature: float,
+                  seed: int) -> list[list[float]]:
+    """V(s_t) at every policy token t of each row (`token_ids`, `policy_mask`, `privileged`): the mean reward of
+    `samples` games the given policy plays on from the state before t (the task's `continuations`, all states in
+    one batched play; the problem is read back from the prompt with `task.problem_from`); 0 at the environment's
+    and the prompt's tokens, as a critic's values are."""
+    starts, where = [], []
+    for b, row in enumerate(rows):
+        ids, mask = list(row["token_ids"]), [int(m) for m in row["policy_mask"]]
+        first = mask.index(1) if 1 in mask else len(mask)
+        problem = task.problem_from(tokenizer.decode(ids[:first], skip_special_tokens=True), row["privileged"])
+        for j, m in enumerate(mask):
+            if m:
+                starts.append((problem, ids[:j], mask[:j]))
+                where.append((b, j))
+    played = task.continuations(policy, tokenizer, starts, samples, max_new_tokens, temperature, seed=seed,
+                                batch_size=1024)
+    values = [[0.0] * len(row["token_ids"]) for row in rows]
+    for (b, j), games in zip(where, played):
+        values[b][j] = sum(g.reward for g in games) / len(games)
+    return values
+
+
 class OracleValues:
-    """critic.oracle_samples = K: V(s_t) at every policy token t of each rollout, the mean reward of K games the
-    given policy plays on from the state before t (the task's `continuations`, one batched play per scoring
-    chunk); 0 at the environment's and the prompt's tokens, as a critic's values are."""
+    """critic.oracle_samples = K: `oracle_values` with K games per state, the run's sampling settings and a fresh
+    seed per scoring chunk."""
 
     def __init__(self, cfg: Config, task, tokenizer, seed: int):
         self.cfg, self.task, self.tokenizer, self.seed = cfg, task, tokenizer, seed
         self.calls = 0
 
     def __call__(self, policy, rows: list[dict]) -> list[list[float]]:
-        starts, where = [], []
-        for b, row in enumerate(rows):
-            ids, mask = list(row["token_ids"]), [int(m) for m in row["policy_mask"]]
-            first = mask.index(1) if 1 in mask else len(mask)
-            problem = self.task.problem_from(self.tokenizer.decode(ids[:first], skip_special_tokens=True),
-                                             row["privileged"])
-            for j, m in enumerate(mask):
-                if m:
-                    starts.append((problem, ids[:j], mask[:j]))
-                    where.append((b, j))
         self.calls += 1
         inference = self.cfg.inference
-        played = self.task.continuations(policy, self.tokenizer, starts, self.cfg.critic.oracle_samples,
-                                         inference.max_new_tokens, inference.temperature,
-                                         seed=self.seed + 104729 * self.calls, batch_size=1024)
-        values = [[0.0] * len(row["token_ids"]) for row in rows]
-        for (b, j), games in zip(where, played):
-            values[b][j] = sum(g.reward for g in games) / len(games)
-        return values
+        return oracle_values(policy, self.tokenizer, self.task, rows, self.cfg.critic.oracle_samples,
+                             inference.max_new_tokens, inference.temperature, seed=self.seed + 104729 * self.calls)
 
 
 def evaluator_shards(index: int, count: int):
