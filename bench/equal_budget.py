@@ -30,6 +30,10 @@ ceiling `oracle` (gae on critic=oracle's values, on a task that plays games on: 
 the games it plays are not charged). A cell may carry its own overrides after '@' (the learning-rate grid:
 `grpo:8@policy.lr=5e-5,gae:4@policy.lr=5e-5`, named grpo_g8_policy.lr5e-5, gae_g4_policy.lr5e-5; λ:
 `oracle:1@advantage.lambda_policy=0.9`), and `@seed_offset=N` runs a copy of a cell at other RL seeds (an A/A cell).
+A privileged cell whose overrides change how the critic's version 0 is made (`critic.warm_start.*`, `critic.arch.*`,
+`critic.loss`, `critic.template`: `gae:1@critic.warm_start.rollouts=16384@critic.warm_start.steps=2400`, the
+certified warm start) cannot share the base's critic: like a plain cell, each of its runs pretrains its own and pays
+for it.
 The target is grpo tuned with the same grid: of the grpo cells at G = 8 (grpo_g8 and its variants), the one with
 the highest mean final accuracy is the reference; a grid without them is read against the batch mean at G = 1.
 
@@ -37,7 +41,8 @@ Generated tokens are counted from the rollout log, not from the config: every ro
 warm-up ones the orchestrator dropped and stale ones included), policy tokens only (`policy_mask`), up to the
 policy version that was evaluated: the tokens behind the evaluation at step s are those of rollouts of policy
 versions < s. A critic cell also pays its critic's warm start, `critic_pretrain_generated_tokens` of the warm-start
-metrics (the base's for a privileged cell, its own for a plain one); those rollouts are never in the log.
+metrics (the base's for a privileged cell, its own for a plain one or one that makes its own critic); those
+rollouts are never in the log.
 
 Each finished run is also kept as a small record, `<records>/ckpt<C>-<sha>/<cell>/seed<S>.json` (default
 `--records bench/records/<experiment>`, which is committed: a grid outlives the machine and the run directories
@@ -116,6 +121,8 @@ KINDS = {
 }
 CRITIC_FREE = {"grpo", "mean", "loo", "reinforce"}  # kinds that start no critic roles
 OWN_CRITIC = {"plain", "oracle"}  # kinds whose critic is not the base's privileged one (a run copies only the policy)
+# overrides that change how a critic's version 0 is made: a cell with one pretrains its own critic
+OWN_CRITIC_KEYS = ("critic.warm_start.", "critic.arch.", "critic.loss=", "critic.template=", "critic.privileged=")
 ESTIMATOR_KIND = {"grpo": "grpo", "batch_mean": "mean", "batch_loo": "loo", "reinforce": "reinforce"}
 # the base's own sampling, pinned per experiment: the critic's warm start samples its rollouts as prompts x
 # inference.group_size, so a later change of the experiment's default G would make a rebuilt checkpoint another
@@ -187,6 +194,11 @@ def finished(run: Path, steps: int) -> bool:
 def base_done(base: Path) -> bool:
     return all((base / "weights" / m / "0").is_dir() for m in ("policy", "critic")) and \
         (base / "report" / "summary.json").exists()
+
+
+def owns_critic(kind: str, extra: list[str]) -> bool:
+    """Whether a cell's runs make their own critic version 0 instead of copying the base's privileged one."""
+    return kind in OWN_CRITIC or any(o.startswith(OWN_CRITIC_KEYS) for o in extra)
 
 
 def seed_run(base: Path, run: Path, models: tuple[str, ...]) -> None:
@@ -396,7 +408,7 @@ def run_grid(args, cells, overrides_all: list[str]) -> int:
                     print(f"stop-after {args.stop_after} UTC passed: no new run started")
                     return failures
                 shutil.rmtree(run, ignore_errors=True)
-                seed_run(base, run, ("policy",) if kind in OWN_CRITIC else ("policy", "critic"))
+                seed_run(base, run, ("policy",) if owns_critic(kind, extra) else ("policy", "critic"))
                 try:
                     rc = child(["-m", *overrides_all, *cell_overrides(kind, g, args.rollouts, extra),
                                 f"seed={s + seed_offset(extra)}",
@@ -451,6 +463,12 @@ def warm_tokens(run_dir: Path) -> dict:
     return out
 
 
+def pretrained_its_critic(run_dir: Path) -> bool:
+    """Whether the run's own warm-start job pretrained its critic (a cell that owns its critic; a run given the
+    base's finds it and logs no pretraining)."""
+    return any("critic_pretrain_rollouts" in m for m in read_metrics(run_dir / "metrics" / "warm_start.jsonl"))
+
+
 def eval_costs(run: Path, evals: list[dict], warm: dict, own_warm_start: bool) -> list[tuple[int, float, float]]:
     """(step, wall s, CPU s) behind each held-out evaluation: wall from the run's first metrics line, CPU the sum
     over its roles of each process's CPU seconds logged by then (`cpu_s`); both plus the critic's warm start when
@@ -488,8 +506,8 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
                                                             cfg.advantage.estimator)
     # the critic's warm start: the base's (shared by every privileged run of the checkpoint) or the run's own; the
     # oracle has none, and the games it plays to value states are not in these counts (a ceiling, not a method)
-    warm = dict(NO_WARM_START) if kind in CRITIC_FREE or kind == "oracle" else \
-        warm_tokens(run if kind == "plain" else base)
+    own = kind == "plain" or pretrained_its_critic(run)
+    warm = dict(NO_WARM_START) if kind in CRITIC_FREE or kind == "oracle" else warm_tokens(run if own else base)
     per_version, rollouts = generated_tokens(run)
     cumulative, tokens_before = 0, {}
     for version in range(max([*per_version, cfg.steps]) + 2):
@@ -520,7 +538,7 @@ def read_run(run: Path, base: Path, ckpt: int) -> dict | None:
         "final_explained_variance": summary.get("final_explained_variance") if kind not in CRITIC_FREE else None,
         "groups_equal_reward": statistics.fmean(equal) if equal else None,
         "ev_curve": ev if kind not in CRITIC_FREE else [],  # (step, the orchestrator's critic EV on that batch)
-        "eval_costs": eval_costs(run, eval_rows, warm, own_warm_start=kind in CRITIC_FREE or kind in OWN_CRITIC),
+        "eval_costs": eval_costs(run, eval_rows, warm, own_warm_start=kind in CRITIC_FREE or kind in OWN_CRITIC or own),
     }
 
 

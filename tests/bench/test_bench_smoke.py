@@ -312,6 +312,38 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
     assert "oracle" in equal_budget.OWN_CRITIC and "oracle" not in equal_budget.CRITIC_FREE
 
 
+def test_a_privileged_cell_that_makes_its_own_critic_pays_its_own_warm_start(tmp_path):
+    """A gae cell whose overrides change the critic's warm start copies only the base's policy, and its runs are
+    charged their own pretraining (tokens and CPU seconds), not the base's; a gae cell without them pays the base's."""
+    import json
+
+    from bench import equal_budget
+
+    root = tmp_path / "grid"
+    base = root / "ckpt0" / "base"
+    (base / "metrics").mkdir(parents=True)
+    (base / "metrics" / "warm_start.jsonl").write_text(json.dumps(
+        {"time": 1.0, "critic_pretrain_rollouts": 4, "critic_pretrain_generated_tokens": 100,
+         "critic_pretrain_cpu_s": 5.0, "critic_pretrain_s": 3.0}) + "\n")
+    extra = ["critic.warm_start.rollouts=64", "critic.warm_start.steps=40"]
+    assert equal_budget.owns_critic("gae", extra) and equal_budget.owns_critic("tether", ["critic.arch.layers=4"])
+    assert not equal_budget.owns_critic("gae", ["critic.lr=1e-3", "advantage.lambda_policy=0.9"])
+    assert equal_budget.owns_critic("plain", []) and not equal_budget.owns_critic("gae", [])
+    shared = _budget_run(root, "gae_g1", 0, "gae", 1, (0.3, 0.55, 0.6), (0, 0, 9, 19, 20))
+    own = _budget_run(root, "gae_g1_critic.warm_start.rollouts64", 0, "gae", 1, (0.3, 0.55, 0.6), (0, 0, 9, 19, 20))
+    (own / "metrics" / "warm_start.jsonl").write_text(json.dumps(
+        {"time": 50.0, "critic_pretrain_rollouts": 64, "critic_pretrain_generated_tokens": 1000}) + "\n" + json.dumps(
+        {"time": 60.0, "critic_pretrain_s": 10.0, "critic_pretrain_cpu_s": 20.0}) + "\n")
+    a, b = equal_budget.read_run(shared, base, 0), equal_budget.read_run(own, base, 0)
+    # tokens behind the evaluation at step 10: the warm start's, then 1 + 2 + 3 of the log
+    assert a["curve"][1] == (10, 0.55, 106) and b["curve"][1] == (10, 0.55, 1006)
+    # CPU seconds: the policy trainer's 7 and the value trainer's 30 by step 10, plus the warm start's
+    assert a["eval_costs"][1][2] == pytest.approx(7.0 + 30.0 + 5.0)
+    assert b["eval_costs"][1][2] == pytest.approx(7.0 + 30.0 + 20.0)
+    # wall: the base's pretraining added for the shared critic; the run's own is on the run's clock already
+    assert a["eval_costs"][1][1] == pytest.approx(110.0 - 90.0 + 3.0) and b["eval_costs"][1][1] == pytest.approx(60.0)
+
+
 @pytest.mark.slow
 def test_equal_budget_grid_runs_g1_and_g2_and_a_rerun_skips_finished_runs(tmp_path):
     """Two tiny cells (gae at G = 1, grpo at G = 2; 2 steps each) from an untrained version 0, then the same
