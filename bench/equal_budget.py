@@ -476,7 +476,11 @@ def eval_costs(run: Path, evals: list[dict], warm: dict, own_warm_start: bool) -
     per_role = [[(m["time"], m["cpu_s"]) for m in read_metrics(f) if "time" in m and "cpu_s" in m]
                 for f in sorted((run / "metrics").glob("*.jsonl"))]
     times = [m["time"] for f in (run / "metrics").glob("*.jsonl") for m in read_metrics(f) if "time" in m]
-    start = min(times)
+    # a run that pretrained its own critic logged its first line after sampling the warm start's rollouts: its
+    # clock starts critic_pretrain_s before the line that reports it
+    ends = [m["time"] - m["critic_pretrain_s"] for m in read_metrics(run / "metrics" / "warm_start.jsonl")
+            if "time" in m and "critic_pretrain_s" in m]
+    start = min(times + (ends if own_warm_start else []))
     extra_wall = 0.0 if own_warm_start else warm["critic_pretrain_s"]
     out = []
     for m in evals:
