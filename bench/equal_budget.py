@@ -133,9 +133,12 @@ BASE_PINS = {"arith": ["inference.group_size=4", "inference.prompts_per_step=32"
                        "critic.warm_start.steps=300",
                        "critic.warm_start.rollouts=2048"],
              # the SFT checks of their time (arith checks every 5 steps since 2026-12-05)
-             "arith_work": ["policy.warm_start.check_every=25"], "arith_chain": ["policy.warm_start.check_every=25"]}
+             "arith_work": ["policy.warm_start.check_every=25"], "arith_chain": ["policy.warm_start.check_every=25"],
+             "guess": ["inference.group_size=2", "inference.prompts_per_step=64"]}
 # the RL runs' own settings the records were measured with, where a default has changed since
-RUN_PINS = {"arith": ["replay.ratio=0", "critic.warm_start.steps=300", "critic.warm_start.rollouts=2048"]}
+RUN_PINS = {"arith": ["replay.ratio=0", "critic.warm_start.steps=300", "critic.warm_start.rollouts=2048"],
+            # guess's records ran at λ = 1 and 64 x 2 for the base (the recipe's defaults of their time)
+            "guess": ["advantage.lambda_policy=1.0"]}
 PAUSE_S = 15  # seconds between two runs with the heavy lock released
 DEFAULT_CELLS = "grpo:8,gae:8,gae:4,gae:2,gae:1,grpo:4,grpo:2,tether:1,plain:1"  # tether, plain: gae's best G
 # the tests' SMALL overrides (tests/e2e_helpers.py): a smaller model, one-digit sums, a short warm start
@@ -168,6 +171,13 @@ def parse_cells(text: str, rollouts: int) -> list[tuple[str, str, int, list[str]
 
 
 SEED_OFFSET = "seed_offset="  # a cell's own '@seed_offset=N': its run paired with RL seed S runs at seed S + N
+
+
+def run_pins(experiment: str, extra: list[str]) -> list[str]:
+    """The experiment's RUN_PINS, less those a cell sets itself (a pin comes later on the command line, where the
+    last value of a key wins)."""
+    own = {o.split("=", 1)[0] for o in extra}
+    return [p for p in RUN_PINS.get(experiment, []) if p.split("=", 1)[0] not in own]
 
 
 def seed_offset(extra: list[str]) -> int:
@@ -412,7 +422,7 @@ def run_grid(args, cells, overrides_all: list[str]) -> int:
                 try:
                     rc = child(["-m", *overrides_all, *cell_overrides(kind, g, args.rollouts, extra),
                                 f"seed={s + seed_offset(extra)}",
-                                *RUN_PINS.get(args.experiment, []),
+                                *run_pins(args.experiment, extra),
                                 f"steps={args.steps}", f"eval_every={args.eval_every}", f"hydra.sweep.dir={sweep}",
                                 f"hydra.sweep.subdir=seed{s}"],
                                out / "logs" / f"ckpt{c}_{name}_seed{s}.txt", args.timeout, args.lock, args.stop_after)

@@ -310,6 +310,11 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
         "advantage=gae", "critic=oracle", "inference.group_size=1", "inference.prompts_per_step=128",
         "critic.oracle_samples=4"]
     assert "oracle" in equal_budget.OWN_CRITIC and "oracle" not in equal_budget.CRITIC_FREE
+    # a pinned setting of the experiment's records gives way to the cell's own value of it
+    assert equal_budget.run_pins("guess", []) == ["advantage.lambda_policy=1.0"]
+    assert equal_budget.run_pins("guess", ["advantage.lambda_policy=0.9"]) == []
+    assert equal_budget.run_pins("arith", ["critic.warm_start.steps=50"]) == ["replay.ratio=0",
+                                                                              "critic.warm_start.rollouts=2048"]
 
 
 def test_a_privileged_cell_that_makes_its_own_critic_pays_its_own_warm_start(tmp_path):
