@@ -6,9 +6,9 @@ long and an early token decides the outcome (mean reply length reported).
     python -m bench.task_headroom --experiment arith_chain --out /tmp/headroom          # warm start + measure
     python -m bench.task_headroom --experiment arith_chain --out /tmp/headroom --record  # ... and commit a record
 
-The warm start is the experiment's own (`policy.warm_start.*`), made by a one-step run with advantage=grpo (no
-critic pretraining: only the policy matters here) in `<out>/<experiment>-ws<S>`; a rerun reuses it. Then, in this
-process, every held-out problem is decoded greedily once and sampled `--samples` times at
+The warm start is the experiment's own (`policy.warm_start.*`), made by a one-step run with advantage=batch_mean
+(no critic pretraining: only the policy matters here; any group size) in `<out>/<experiment>-ws<S>`; a rerun
+reuses it. Then, in this process, every held-out problem is decoded greedily once and sampled `--samples` times at
 `inference.temperature`; pass@k is the unbiased estimator of the eval stage (prime_values/stages/evaluate.py).
 `--record` writes `bench/records/headroom/<experiment>-ws<S>.json`, stamped (bench.common.stamp).
 """
@@ -28,12 +28,13 @@ from bench.common import RECORDS, ROOT, command_line, stamp, write_record
 
 
 def warm_start(run: Path, experiment: str, warm_seed: int, overrides: list[str]) -> Path:
-    """`<run>/weights/policy/0`, made by a one-step grpo run of the experiment unless it exists."""
+    """`<run>/weights/policy/0`, made by a one-step run of the experiment with the batch mean for a baseline (no
+    critic roles, any group size) unless it exists."""
     policy = run / "weights" / "policy" / "0"
     if not policy.is_dir():
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-        subprocess.run([sys.executable, "-m", "prime_values", f"+experiment={experiment}", "advantage=grpo", "steps=1",
-                        "eval_every=1", "log.plots=false", f"policy.warm_start.seed={warm_seed}", *overrides,
+        subprocess.run([sys.executable, "-m", "prime_values", f"+experiment={experiment}", "advantage=batch_mean",
+                        "steps=1", "eval_every=1", "log.plots=false", f"policy.warm_start.seed={warm_seed}", *overrides,
                         f"hydra.run.dir={run}"], cwd=ROOT, env=env, check=True)
     return policy
 
