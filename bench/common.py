@@ -89,6 +89,15 @@ def run_config(run: Path):
     return load_saved(Path(run) / "config.yaml")
 
 
+def run_attention(cfg, device: str = "cpu"):
+    """The precision and attention a run's roles used (policy.dtype, policy.attn_implementation resolved for
+    `device`), for a bench that loads the run's weights: greedy decoding of a barely fine-tuned policy flips on
+    rounding, so the same weights decoded in float32 and in bf16-mixed can win different games."""
+    from prime_values.models.build import configure_attention
+
+    return configure_attention(cfg.policy, device)
+
+
 def compose(overrides: list[str]):
     """The config `python -m prime_values <overrides>` would run with (Hydra's composition, no run directory)."""
     from prime_values.config import compose as compose_config

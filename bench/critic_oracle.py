@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from bench.common import add_run, command_line, run_config, write_record
+from bench.common import add_run, command_line, run_attention, run_config, write_record
 from prime_values.algo.gae import explained_variance
 from prime_values.critic_io import CriticInputs
 from prime_values.models import load_critic, load_policy
@@ -120,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(weights / "policy" / str(version)))
-    policy, critic = load_policy(weights / "policy" / str(version)).eval(), load_critic(
-        weights / "critic" / str(critic_version)).eval()
+    attention = run_attention(cfg)  # the run's precision, as its inference and evaluator roles computed
+    policy, critic = load_policy(weights / "policy" / str(version), attention).eval(), load_critic(
+        weights / "critic" / str(critic_version), attention).eval()
     task = make_task(**cfg.task)
     temperature = cfg.inference.temperature if args.temperature is None else args.temperature
     group = args.group or cfg.inference.group_size
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         write_record(args.record, {
             "what": "a critic against the oracle on fresh rollouts of one policy version", "run": str(args.run),
             "policy_version": version, "critic_version": critic_version, "prompts": args.prompts, "group": group,
-            "temperature": temperature, "samples_per_state": args.samples if mc else None, "seed": args.seed,
+            "temperature": temperature, "precision": attention.dtype,
+            "samples_per_state": args.samples if mc else None, "seed": args.seed,
             "states": len(returns), "reward": float(returns.mean()), "oracle_ev": o, "critic_ev": c,
             "critic_against_oracle": against, "positions": positions,
             "critic": OmegaConf.to_container(cfg.critic, resolve=True), "task": OmegaConf.to_container(cfg.task),

@@ -221,10 +221,20 @@ def seed_run(base: Path, run: Path, models: tuple[str, ...]) -> None:
 KEPT = ("weights/policy/0", "weights/critic/0", "metrics/warm_start.jsonl", "report/summary.json", "config.yaml")
 
 
+KEEP_MAX_MB = 64  # a base larger than this (a real model's version 0: SmolLM2-135M's is ~1 GB) is not committed
+
+
 def keep_base(base: Path, records: Path, ckpt: int, sha: str) -> None:
-    """Keep what the runs of a checkpoint need of its base (KEPT) beside their records, once."""
+    """Keep what the runs of a checkpoint need of its base (KEPT) beside their records, once, where it is at most
+    KEEP_MAX_MB (the report then says the base is not kept; it stays in the grid directory)."""
     kept = records / f"ckpt{ckpt}-{sha}" / "base"
     if kept.is_dir():
+        return
+    size = sum(p.stat().st_size for rel in KEPT for p in ([base / rel] if (base / rel).is_file() else
+                                                          (base / rel).rglob("*")) if p.is_file())
+    if size > KEEP_MAX_MB * 2**20:
+        print(f"checkpoint {ckpt}: its base is {size / 2**20:.0f} MB, over {KEEP_MAX_MB} MB to commit; not kept "
+              f"beside the records (it stays in {base})")
         return
     tmp = kept.with_name("base.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

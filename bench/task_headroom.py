@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import RECORDS, ROOT, command_line, stamp, write_record
+from bench.common import RECORDS, ROOT, command_line, run_attention, stamp, write_record
 
 
 def warm_start(run: Path, experiment: str, warm_seed: int, overrides: list[str]) -> Path:
@@ -54,7 +54,8 @@ def measure(run: Path, policy: Path, samples: int, ks: list[int]) -> dict:
     cfg = OmegaConf.load(run / "config.yaml")
     task = make_task(**cfg.task)
     tokenizer = AutoTokenizer.from_pretrained(policy)
-    model = load_policy(policy).eval()
+    attention = run_attention(cfg)  # the run's precision: its held-out figure and this one decode alike
+    model = load_policy(policy, attention).eval()
     problems = task.heldout()
     began = time.time()
 
@@ -66,7 +67,8 @@ def measure(run: Path, policy: Path, samples: int, ks: list[int]) -> dict:
     sampled = run_all(samples, cfg.inference.temperature)
     correct = [sum(r.reward >= 1.0 for r in sampled if r.prompt_index == i) for i in range(len(problems))]
     lengths = [sum(r.policy_mask) for r in sampled]  # reply tokens, eos included
-    return {"heldout": len(problems), "greedy_accuracy": statistics.fmean(r.reward >= 1.0 for r in greedy),
+    return {"heldout": len(problems), "precision": attention.dtype,
+            "greedy_accuracy": statistics.fmean(r.reward >= 1.0 for r in greedy),
             "temperature": cfg.inference.temperature, "samples": samples,
             **summarise(correct, samples, ks), "reply_tokens_mean": statistics.fmean(lengths),
             "reply_tokens_min": min(lengths), "answer_tokens_min": min(len(p.answer) + 1 for p in problems),

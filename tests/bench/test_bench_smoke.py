@@ -317,6 +317,31 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
                                                                               "critic.warm_start.rollouts=2048"]
 
 
+def test_a_base_over_the_size_bound_is_not_kept_beside_the_records(tmp_path, monkeypatch, capsys):
+    """A checkpoint's base is copied beside its records only up to KEEP_MAX_MB (a real model's ~1 GB version 0
+    would be committed otherwise); over it, it stays in the grid directory, the run says so, and the report's
+    stamps line says "not kept"."""
+    from bench import equal_budget
+
+    base = tmp_path / "grid" / "ckpt0" / "base"
+    for rel in equal_budget.KEPT:
+        target = base / rel
+        if rel.startswith("weights/"):
+            (target / "model.safetensors").parent.mkdir(parents=True, exist_ok=True)
+            (target / "model.safetensors").write_bytes(b"x" * 300_000)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("{}")
+    records = tmp_path / "records"
+    monkeypatch.setattr(equal_budget, "KEEP_MAX_MB", 0.5)  # 600 kB of weights: over
+    equal_budget.keep_base(base, records, 0, "abc")
+    assert not (records / "ckpt0-abc").exists() and "not kept beside the records" in capsys.readouterr().out
+    monkeypatch.setattr(equal_budget, "KEEP_MAX_MB", 1)  # under: kept, whole
+    equal_budget.keep_base(base, records, 0, "abc")
+    assert equal_budget.base_done(records / "ckpt0-abc" / "base")
+    assert (records / "ckpt0-abc" / "base" / "weights" / "critic" / "0" / "model.safetensors").stat().st_size == 300_000
+
+
 def test_a_privileged_cell_that_makes_its_own_critic_pays_its_own_warm_start(tmp_path):
     """A gae cell whose overrides change the critic's warm start copies only the base's policy, and its runs are
     charged their own pretraining (tokens and CPU seconds), not the base's; a gae cell without them pays the base's."""
