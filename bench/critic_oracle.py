@@ -22,7 +22,9 @@ For a task that plays games (task=guess: ``task.continuations``) no exact oracle
 by playing ``--samples`` K games on from every policy state with the same policy and temperature, their mean
 reward (a binomial mean: its own variance p(1 - p) / K makes the oracle's EV a slight underestimate). Positions are
 then policy tokens counted from the first guess; the "critic against the oracle" line is
-1 - Var(V* - V) / Var(V*), how much of the oracle's own variation the critic reproduces.
+1 - Var(V* - V) / Var(V*), how much of the oracle's own variation the critic reproduces. `--samples 0` plays no
+games on: the critic's EV against the returns alone (the real model's warm-start bar, EV >= 0.3), in minutes
+rather than the oracle's tens of minutes.
 
 `--record` writes the figures as a stamped record (bench.common.write_record): the three EVs, each position's, the
 run's critic and warm-start settings, and the command; a certification of a critic warm start is such a record
@@ -102,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=None, help="default: inference.temperature")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--samples", type=int, default=16,
-                        help="games played on from each state for the Monte-Carlo oracle (task=guess)")
+                        help="games played on from each state for the Monte-Carlo oracle (task=guess; 0: no "
+                             "oracle, the critic's EV against the returns only)")
     parser.add_argument("--record", type=Path, default=None, help="write the figures to this JSON record")
     args = parser.parse_args(argv)
     cfg = run_config(args.run)
@@ -135,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         inputs = CriticInputs.of(rows, tokenizer, cfg.critic)
         critic_v = inputs.values(critic, cfg.critic.loss)
-    if mc:
+    if mc and args.samples == 0:  # the critic alone, against the returns: no games played on (minutes less)
+        all_values = [[float("nan")] * sum(r.policy_mask) for r in rollouts]
+    elif mc:
         full = played_on_values(policy, tokenizer, task, rows, args.samples, cfg.inference.max_new_tokens,
                                 temperature, args.seed + 1)  # the evaluator's oracle (critic=oracle), at every token
         all_values = [[v for v, m in zip(values, r.policy_mask) if m] for values, r in zip(full, rollouts)]
@@ -157,10 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     o, c = explained_variance(oracle, returns, everywhere), explained_variance(learnt, returns, everywhere)
     print(f"run {args.run}: policy v{version}, critic v{critic_version}, {len(rollouts)} fresh rollouts "
           f"({args.prompts} prompts x {group}, T={temperature}), {len(returns)} states, reward {returns.mean():.3f}")
-    print(f"explained variance  oracle {o:.3f}  critic {c:.3f}  critic / oracle {c / o:.2f}"
-          + (f"  ({args.samples} games per state)" if mc else ""))
     against = explained_variance(learnt, oracle, everywhere)
-    print(f"critic against the oracle: 1 - Var(V* - V) / Var(V*) = {against:.3f}")
+    if mc and args.samples == 0:
+        print(f"explained variance  critic {c:.3f}  (no oracle: --samples 0)")
+    else:
+        print(f"explained variance  oracle {o:.3f}  critic {c:.3f}  critic / oracle {c / o:.2f}"
+              + (f"  ({args.samples} games per state)" if mc else ""))
+        print(f"critic against the oracle: 1 - Var(V* - V) / Var(V*) = {against:.3f}")
     positions = []
     for j in range(int(position.max()) + 1):
         at = position == j
@@ -169,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                               "oracle_ev": explained_variance(oracle, returns, at),
                               "critic_ev": explained_variance(learnt, returns, at),
                               "critic_against_oracle": explained_variance(learnt, oracle, at)})
-            print(f"  position {j}: {int(at.sum()):5d} states  oracle {positions[-1]['oracle_ev']:.3f}"
-                  f"  critic {positions[-1]['critic_ev']:.3f}")
+            print(f"  position {j}: {int(at.sum()):5d} states"
+                  + ("" if mc and args.samples == 0 else f"  oracle {positions[-1]['oracle_ev']:.3f}")
+                  + f"  critic {positions[-1]['critic_ev']:.3f}")
     if args.record:
         write_record(args.record, {
             "what": "a critic against the oracle on fresh rollouts of one policy version", "run": str(args.run),
