@@ -181,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                   + ("" if mc and args.samples == 0 else f"  oracle {positions[-1]['oracle_ev']:.3f}")
                   + f"  critic {positions[-1]['critic_ev']:.3f}")
     if args.record:
+        def number(x):  # no oracle (--samples 0): null in the record, not JSON's non-standard NaN
+            return None if x != x else x
+
+        positions = [{k: number(v) for k, v in p.items()} for p in positions]
+        o, against = number(o), number(against)
         write_record(args.record, {
             "what": "a critic against the oracle on fresh rollouts of one policy version", "run": str(args.run),
             "policy_version": version, "critic_version": critic_version, "prompts": args.prompts, "group": group,
