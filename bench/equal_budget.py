@@ -56,7 +56,8 @@ is a different checkpoint: the report keeps its runs apart (target, tokens, seed
 start's kernels differ between machines of one kind, and an SFT that stops at a validation threshold amplifies a
 rounding; so a built base is also kept, `<records>/ckpt<C>-<sha>/base`: its version-0 weights, warm-start metrics,
 config and summary, ~25 MB, committed. Where `<out>` has no base of checkpoint C and the records keep one, it is
-copied in instead of rebuilt: every machine then continues the same checkpoint.)
+copied in instead of rebuilt: every machine then continues the same checkpoint. A base over KEEP_MAX_MB, a real
+model's, is not committed: it stays in `<out>`, and a grid continued elsewhere must copy it there itself.)
 
 Every record is stamped (bench.common.stamp): the commit that recorded it (and `commit_dirty`), the date its run
 ended, the CPU model and flags, beside the checkpoint sha; the report names records without them "unstamped"
