@@ -133,6 +133,30 @@ def test_critic_oracle_writes_a_record(tmp_path):
     assert rec["critic"]["loss"] and rec["commit"] and "--record" in rec["command_line"]
 
 
+def test_critic_oracle_without_games_on_guess_reports_the_critic_alone(tmp_path):
+    """--samples 0 on a guess run: no game is played on, the printed line names the critic's EV only, and the
+    record holds null (not NaN, which JSON does not have) for every oracle figure, and the precision it decoded in."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from bench.common import compose
+
+    run = tiny_run_dir(tmp_path / "run")  # the test session's weights, playing guess under guess's config
+    cfg = compose(["+experiment=guess", "task.min_number=4", "task.max_number=9", "task.max_turns=3"])
+    OmegaConf.save(cfg, run / "config.yaml")
+    record = tmp_path / "certify" / "guess.json"
+    out = subprocess.run([sys.executable, "-m", "bench.critic_oracle", str(run), "--prompts", "16", "--samples", "0",
+                          "--record", str(record)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "(no oracle: --samples 0)" in out.stdout and "against the oracle" not in out.stdout, out.stdout
+    text = record.read_text()
+    rec = json.loads(text)
+    assert "NaN" not in text and rec["oracle_ev"] is None and rec["critic_against_oracle"] is None
+    assert rec["samples_per_state"] == 0 and rec["precision"] == "float32" and rec["states"] > 0
+    assert all(p["oracle_ev"] is None for p in rec["positions"])
+
+
 @pytest.mark.slow
 def test_prompt_success_features_and_end_to_end(tmp_path):
     """bench/prompt_success.py: hand-worked features; a ridge fit recovers a linear target; the script runs on a
