@@ -222,7 +222,7 @@ def seed_run(base: Path, run: Path, models: tuple[str, ...]) -> None:
 KEPT = ("weights/policy/0", "weights/critic/0", "metrics/warm_start.jsonl", "report/summary.json", "config.yaml")
 
 
-KEEP_MAX_MB = 64  # a base larger than this (a real model's version 0: SmolLM2-135M's is ~1 GB) is not committed
+KEEP_MAX_MB = 64  # a larger base (a real model's: SmolLM2-135M's version 0 with its critic, 682 MB) is not committed
 
 
 def keep_base(base: Path, records: Path, ckpt: int, sha: str) -> None:

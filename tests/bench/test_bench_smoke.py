@@ -342,7 +342,7 @@ def test_equal_budget_counts_tokens_from_the_log_and_compares_at_grpo_g8s_final_
 
 
 def test_a_base_over_the_size_bound_is_not_kept_beside_the_records(tmp_path, monkeypatch, capsys):
-    """A checkpoint's base is copied beside its records only up to KEEP_MAX_MB (a real model's ~1 GB version 0
+    """A checkpoint's base is copied beside its records only up to KEEP_MAX_MB (a real model's version 0, 682 MB
     would be committed otherwise); over it, it stays in the grid directory, the run says so, and the report's
     stamps line says "not kept"."""
     from bench import equal_budget
