@@ -261,10 +261,10 @@ def test_checkpointing_gives_the_same_gradients_and_lowers_peak_memory():
     # Without checkpointing every block keeps ~15 tensors of 12 x 64 x (128..384) floats plus its attention
     # weights: ~8 MB a block, ~35 MB in all; with it, a block's inputs (0.4 MB each) and one block's activations
     # at a time. The model itself is 1 MB and its gradients are the same in both. So the expected ratio is ~3x
-    # (measured 2.7x here, 3.0x at 16 x 96 and at 32 x 128 tokens); the test asks for 1.5x, far above the noise of
-    # page-granular RSS (4 KiB pages, a few hundred KB of allocator bookkeeping). VmHWM is the whole process's, so
-    # the steps run in a fresh process: in a test worker that had run other files first, the checkpointed step's
-    # peak once read 32.6 MiB (14.7 alone), whatever else that process held or did at the time.
+    # (measured 3.0x here, 39.1 against 13.2 MiB, and at 16 x 96 and 32 x 128 tokens); the test asks for 1.5x,
+    # far above the noise of page-granular RSS (4 KiB pages, a few hundred KB of allocator bookkeeping). VmHWM is
+    # the whole process's, so the steps run in a fresh process: in a test worker that had run other files first,
+    # the checkpointed step's peak once read 32.6 MiB (14.7 alone), whatever else that process held or did then.
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         peaks = pool.submit(checkpointing_peaks).result(timeout=300)
     print(f"\npeak memory of a forward + backward: {peaks[False] / 2**20:.1f} MiB without activation "
