@@ -271,7 +271,7 @@ def test_the_critic_pipeline_runs_in_one_allocation(slurm, tmp_path):
     assert inside.count("prime_values: run directory") == 2, "the requeued allocation did not run the conductor again"
     assert not subprocess.run(["squeue", "-h", "-j", pipeline[0]], capture_output=True, text=True).stdout.strip()
     if slurm["AccountingStorageType"] != "accounting_storage/none":
-        deadline = time.monotonic() + 60  # sacct records the steps a moment after they end (later on a loaded node)
+        deadline = time.monotonic() + 180  # sacct records the steps a moment after they end (60 s once too few, loaded)
         while time.monotonic() < deadline:
             steps = [row[1] for row in sacct_rows(pipeline[0])]
             if steps.count("pv_inference0") >= 3 and "pv_value_trainer" in steps:
